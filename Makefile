@@ -1,0 +1,32 @@
+# A thin shell over nox. `make` alone prints this help.
+# nox comes from a pinned tool venv (.tools/) when it is not already on PATH.
+PYTHON ?= python3
+TOOLS := .tools
+NOX := $(if $(shell command -v nox 2>/dev/null),nox,$(TOOLS)/bin/nox)
+NOX_PIN := nox==2026.10.20
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help:  ## Show this help
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(TOOLS)/bin/nox:
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet --disable-pip-version-check "$(NOX_PIN)"
+
+.PHONY: nox
+nox: $(if $(filter nox,$(NOX)),,$(TOOLS)/bin/nox)
+
+.PHONY: test
+test: nox  ## Lint, then run the tests (CPU torch) and the kit tests on Python 3.10-3.13
+	$(NOX) -s lint tests kit
+
+.PHONY: measure
+measure: nox  ## Measure on a GPU into runs/<id>/ (DEVICE=cuda:0, ARGS="--width 1024 ...")
+	$(NOX) -s measure -- --device $(or $(DEVICE),cuda:0) $(ARGS)
+
+.PHONY: clean
+clean:  ## Remove caches only (never runs/, data/ or dist/)
+	rm -rf .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -not -path './.nox/*' -not -path './.tools/*' -exec rm -rf {} +

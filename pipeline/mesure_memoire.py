@@ -1,0 +1,611 @@
+"""IteraGPU Lab v1: estimate weight memory, record the environment, measure a synthetic network.
+
+Three commands, one file, standard library only at module level (PyTorch is imported inside
+the commands that need it, so `estimate` runs on any Python >= 3.10):
+
+    python mesure_memoire.py estimate --parameters 7000000000 --bits 16 --reserve-gib 4
+    python mesure_memoire.py environment --device cuda:0
+    python mesure_memoire.py measure --device cuda:0 --batch 1 --context 16 --width 64 \
+        --dtype float32 --warmup 1 --repeats 2 --output mesures-petit-essai.json
+
+The synthetic network is `Linear(width, 4*width) -> GELU(exact) -> Linear(4*width, width)`.
+It is not an LLM, not training, and not a benchmark of the GPU it runs on.
+
+Exit codes: 0 ok; 2 bad input or missing prerequisite (no PyTorch, no GPU, output exists);
+3 the GPU ran out of memory during `measure` (the file is written, status "out_of_memory").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from decimal import Context, Decimal, InvalidOperation
+from pathlib import Path
+
+TOOL = {"name": "mesure_memoire.py", "version": "1.0.0"}
+ENVIRONMENT_SCHEMA = "urn:iteragpu-lab:schema:environment:v1"
+MEASUREMENT_SCHEMA = "urn:iteragpu-lab:schema:measurement:v1"
+ESTIMATE_SCHEMA = "urn:iteragpu-lab:schema:estimate:v1"
+
+GIB = 2**30
+GB = 10**9
+HIDDEN_FACTOR = 4
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+EXIT_OK, EXIT_USAGE, EXIT_OOM = 0, 2, 3
+
+NOT_INCLUDED = (
+    "Weights only. Not included: activations, KV cache, quantization metadata, gradients, "
+    "optimizer state, CUDA/ROCm libraries and their workspaces, framework overhead. "
+    "The reserve is the user's assumption, not a measured value. This does not predict "
+    "whether a real model fits on a given card."
+)
+CLOCKS = {
+    "wall_time_ns": (
+        "time.perf_counter_ns() (host, monotonic), from just after the pre-operation "
+        "synchronisation, baseline reading and peak reset to just after the post-operation "
+        "synchronisation: includes Python overhead, kernel launches and the synchronisation."
+    ),
+    "event_time_ns": (
+        "torch.cuda.Event elapsed_time between two events recorded on the device's current "
+        "stream around the operation, converted from milliseconds (about 0.5 us resolution): "
+        "the GPU timeline, including any idle gap while the host prepared work. "
+        "Not an isolated kernel time."
+    ),
+}
+COUNTERS = (
+    "PyTorch caching-allocator counters (memory_allocated, memory_reserved, "
+    "max_memory_allocated, max_memory_reserved) of this process on the chosen GPU only: not "
+    "the whole GPU memory, not the CUDA context or driver, not other processes, not other "
+    "GPUs. allocated is part of reserved: never add them. The two peaks are separate maxima: "
+    "never subtract one from the other. Values depend on the allocator and software versions "
+    "recorded in 'environment'."
+)
+PHASES_DOC = {
+    "model_load": "build and initialise the model on the CPU, then move it to the GPU",
+    "inputs": "create the synthetic input on the GPU",
+    "cold_forward": "first forward pass after device, generator and input initialisation",
+    "warmup": "all warm-up passes together, one row",
+    "warm_forward": "one row per timed repetition after warm-up",
+}
+
+
+class UsageError(Exception):
+    """A bad input or a missing prerequisite: one line on stderr, exit 2, nothing written."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line, without the usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+# ---------------------------------------------------------------- value parsing
+
+
+def positive_int(text: str) -> int:
+    """Digits only: '1e9', '5.0', '+5' and '0' are refused rather than guessed at."""
+    if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def non_negative_decimal(text: str) -> Decimal:
+    """A plain decimal number >= 0 ('4', '0.5'); no exponent, sign, NaN or infinity."""
+    if not re.fullmatch(r"[0-9]{1,15}(\.[0-9]{1,15})?", text):
+        raise argparse.ArgumentTypeError(f"expected a decimal number >= 0, got {text!r}")
+    return Decimal(text)
+
+
+def non_negative_int(text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,18}", text):
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
+def device_index(text: str) -> int:
+    """`cuda` or `cuda:N`; ROCm builds of PyTorch use the same name. Never the CPU."""
+    match = re.fullmatch(r"cuda(?::([0-9]+))?", text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"expected a GPU device 'cuda' or 'cuda:N' (no CPU fallback), got {text!r}"
+        )
+    return int(match.group(1) or 0)
+
+
+# ---------------------------------------------------------------- estimate (no GPU)
+
+
+def exact_ratio(numerator: int, denominator: int) -> Decimal:
+    """numerator/denominator in decimal, exactly (denominators here are 2**30 and 10**9)."""
+    context = Context(prec=len(str(numerator)) + 40, traps=[InvalidOperation])
+    result = context.divide(Decimal(numerator), Decimal(denominator))
+    assert result * denominator == numerator, "the division must be exact"
+    return result
+
+
+def estimate(parameters: int, bits: int, reserve_gib: Decimal) -> dict:
+    """Spec rules 6-10: bytes = ceil(parameters * bits / 8); exact decimal, no floats."""
+    weights_bytes = -(-parameters * bits // 8)
+    weights_gib = exact_ratio(weights_bytes, GIB)
+    total_context = Context(prec=len(str(weights_bytes)) + 80)
+    return {
+        "schema": ESTIMATE_SCHEMA,
+        "parameters": parameters,
+        "bits": bits,
+        "weights_bytes": weights_bytes,
+        "weights_gib": format(weights_gib, "f"),
+        "weights_gb": format(exact_ratio(weights_bytes, GB), "f"),
+        "reserve_gib": format(reserve_gib, "f"),
+        "total_gib": format(total_context.add(weights_gib, reserve_gib), "f"),
+        "numbers": "decimal strings, exact: GiB = 2**30 bytes, GB = 10**9 bytes",
+        "not_included": NOT_INCLUDED,
+    }
+
+
+def rounded(text: str, places: int = 10) -> str:
+    """Digits for reading (half-even); the JSON keeps the exact value."""
+    context = Context(prec=len(text) + places + 2)
+    digits = format(context.quantize(Decimal(text), Decimal(1).scaleb(-places)), "f")
+    return digits.rstrip("0").rstrip(".") if "." in digits else digits
+
+
+def print_estimate(result: dict) -> None:
+    print(f"parameters      {result['parameters']}")
+    print(f"bits            {result['bits']}")
+    print(f"weights         {result['weights_bytes']} bytes")
+    print(f"                {rounded(result['weights_gib'])} GiB (2**30 bytes)")
+    print(f"                {rounded(result['weights_gb'])} GB (10**9 bytes)")
+    print(f"reserve         {result['reserve_gib']} GiB (your assumption, not measured)")
+    print(f"weights+reserve {rounded(result['total_gib'])} GiB")
+    print(result["not_included"])
+
+
+# ---------------------------------------------------------------- environment
+
+
+def start_driver_query() -> tuple[str, subprocess.Popen] | None:
+    """Ask the vendor's tool for the driver version; started early, read later, so the
+    subprocess overlaps `import torch` instead of adding to it."""
+    commands = {
+        "nvidia-smi": ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        "rocm-smi": ["rocm-smi", "--showdriverversion", "--json"],
+    }
+    for tool, command in commands.items():
+        executable = shutil.which(tool)
+        if executable is None:
+            continue
+        try:
+            process = subprocess.Popen(
+                [executable, *command[1:]],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
+        except OSError:
+            continue
+        return tool, process
+    return None
+
+
+def finish_driver_query(query: tuple[str, subprocess.Popen] | None) -> dict:
+    """The driver block: which tool said what. PyTorch's CUDA/HIP version is not the driver."""
+    if query is None:
+        return {"tool": None, "version": None, "error": "no nvidia-smi or rocm-smi on PATH"}
+    tool, process = query
+    try:
+        out, _ = process.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        return {"tool": tool, "version": None, "error": f"{tool} did not answer within 15 s"}
+    if process.returncode != 0:
+        return {"tool": tool, "version": None, "error": f"{tool} exited {process.returncode}"}
+    version = None
+    if tool == "nvidia-smi":
+        lines = [line.strip() for line in out.splitlines() if line.strip()]
+        version = lines[0] if lines else None
+    else:
+        try:
+            for card in json.loads(out).values():
+                version = version or card.get("Driver version")
+        except (ValueError, AttributeError):
+            version = None
+    if not version or not re.fullmatch(r"[0-9A-Za-z.\-_+]{1,64}", version):
+        return {"tool": tool, "version": None, "error": f"{tool} gave no readable version"}
+    return {"tool": tool, "version": version}
+
+
+def import_torch():
+    """The exit-2 guard: no PyTorch means no measurement, and no fake one."""
+    try:
+        import torch
+    except Exception as exc:  # ImportError, or a broken install raising OSError and friends
+        raise UsageError(f"PyTorch is not importable ({type(exc).__name__}: {exc})") from None
+    return torch
+
+
+def describe_torch(torch) -> dict:
+    hip = getattr(torch.version, "hip", None)
+    return {
+        "available": True,
+        "version": torch.__version__,
+        "backend": "rocm" if hip else ("cuda" if torch.version.cuda else "cpu-only build"),
+        "cuda_build": torch.version.cuda,
+        "hip_build": hip,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def describe_device(torch, index: int) -> dict:
+    """What the runtime says about the GPU: no UUID, serial or bus address."""
+    properties = torch.cuda.get_device_properties(index)
+    free, total = torch.cuda.mem_get_info(index)
+    return {
+        "index": index,
+        "name": properties.name,
+        "compute_capability": f"{properties.major}.{properties.minor}",
+        "multiprocessors": properties.multi_processor_count,
+        "total_memory_bytes": total,
+        "free_memory_bytes_at_start": free,
+        "allocator_backend": torch.cuda.get_allocator_backend(),
+    }
+
+
+def collect_environment(index: int, requested: str, driver_query=None) -> dict:
+    """Rules 11-13. Never raises for a missing PyTorch or GPU: it says so instead."""
+    if driver_query is None:
+        driver_query = start_driver_query()
+    environment = {
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+        },
+        "platform": {"system": platform.system(), "machine": platform.machine()},
+        "requested_device": requested,
+        "torch": {"available": False},
+        "gpu": {"available": False},
+    }
+    try:
+        torch = import_torch()
+    except UsageError as exc:
+        environment["torch"]["error"] = str(exc)
+        environment["gpu"]["error"] = "not checked: PyTorch is not importable"
+        torch = None
+    if torch is not None:
+        environment["torch"] = describe_torch(torch)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            environment["gpu"]["error"] = "PyTorch sees no GPU (torch.cuda.is_available() is False)"
+        elif index >= count:
+            environment["gpu"]["error"] = f"{requested} does not exist: PyTorch sees {count} GPU(s)"
+        else:
+            environment["gpu"] = {"available": True, "visible_count": count}
+            environment["gpu"].update(describe_device(torch, index))
+    environment["driver"] = finish_driver_query(driver_query)
+    return environment
+
+
+# ---------------------------------------------------------------- output files
+
+
+def refuse_existing(path: Path) -> None:
+    """Rule 18, checked before any work: an existing result is never replaced."""
+    if os.path.lexists(path):
+        raise UsageError(f"{path} already exists: results are never overwritten; choose a new name")
+    if not path.parent.is_dir():
+        raise UsageError(f"{path.parent} is not an existing folder")
+
+
+def write_new(path: Path, document: dict) -> None:
+    """Whole file or nothing: write a temp file, then link it to a name that must be new."""
+    data = (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            raise UsageError(f"{path} appeared during the run: it was left untouched") from None
+    finally:
+        os.unlink(temp)
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------- measure
+
+
+def synthetic_model(width: int, dtype: str, seed: int) -> dict:
+    hidden = HIDDEN_FACTOR * width
+    parameters = width * hidden + hidden + hidden * width + width
+    return {
+        "architecture": "Linear(width, hidden) -> GELU -> Linear(hidden, width)",
+        "width": width,
+        "hidden_width": hidden,
+        "hidden_rule": f"hidden_width = {HIDDEN_FACTOR} x width",
+        "bias": True,
+        "gelu": "exact (erf), torch.nn.GELU(approximate='none')",
+        "parameters": parameters,
+        "parameter_bytes": parameters * DTYPE_BYTES[dtype],
+        "parameter_tensors": [
+            {"name": "0.weight", "shape": [hidden, width]},
+            {"name": "0.bias", "shape": [hidden]},
+            {"name": "2.weight", "shape": [width, hidden]},
+            {"name": "2.bias", "shape": [width]},
+        ],
+        "initialisation": "PyTorch default for nn.Linear, on the CPU in float32, then cast",
+        "seed": seed,
+        "execution": "torch.inference_mode(); no autocast, gradients, optimizer or sharding",
+    }
+
+
+def check_gpu(torch, index: int, requested: str) -> None:
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        raise UsageError("no GPU is visible to PyTorch: measure needs one and never uses the CPU")
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise UsageError(f"{requested} does not exist: PyTorch sees {count} GPU(s)")
+
+
+class OutOfMemory(Exception):
+    """The GPU refused an allocation inside a phase: a real observation."""
+
+    def __init__(self, row: dict, message: str):
+        super().__init__(message)
+        self.row = row
+
+
+def oom_summary(message: str) -> str:
+    """Keep what was asked for; drop process lists and totals that name other processes."""
+    match = re.search(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)", message)
+    return f"CUDA out of memory: tried to allocate {match.group(1)}" if match else "out of memory"
+
+
+def run_measurement(args: argparse.Namespace, document: dict) -> int:
+    """Rules 14-24, phase by phase: sync, baseline, peak reset, run, sync, end values."""
+    torch = import_torch()
+    index = args.device
+    check_gpu(torch, index, args.device_text)
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    torch.cuda.init()
+    dtype = getattr(torch, args.dtype)
+    cuda = torch.cuda
+    oom_errors = (torch.cuda.OutOfMemoryError,)
+    state: dict = {}
+
+    def phase(name: str, operation, repetition: int | None = None, passes: int = 1) -> dict:
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        cuda.synchronize(device)
+        row = {"phase": name}
+        if repetition is not None:
+            row["repetition"] = repetition
+        row["passes"] = passes
+        row["baseline_allocated_bytes"] = cuda.memory_allocated(device)
+        row["baseline_reserved_bytes"] = cuda.memory_reserved(device)
+        cuda.reset_peak_memory_stats(device)
+        failure = None
+        t0 = time.perf_counter_ns()
+        start.record()
+        try:
+            result = operation()
+        except oom_errors as exc:
+            failure, result = str(exc), None
+        end.record()
+        cuda.synchronize(device)
+        t1 = time.perf_counter_ns()
+        row["wall_time_ns"] = t1 - t0
+        row["event_time_ns"] = round(start.elapsed_time(end) * 1_000_000)
+        row["allocated_bytes"] = cuda.memory_allocated(device)
+        row["reserved_bytes"] = cuda.memory_reserved(device)
+        row["peak_allocated_bytes"] = cuda.max_memory_allocated(device)
+        row["peak_reserved_bytes"] = cuda.max_memory_reserved(device)
+        del result  # rule 21: the pass's output existed for the end values; freed now
+        if failure is not None:
+            raise OutOfMemory(row, failure)
+        return row
+
+    def load_model():
+        torch.manual_seed(args.seed)
+        hidden = HIDDEN_FACTOR * args.width
+        model = torch.nn.Sequential(
+            torch.nn.Linear(args.width, hidden, bias=True),
+            torch.nn.GELU(approximate="none"),
+            torch.nn.Linear(hidden, args.width, bias=True),
+        )
+        state["model"] = model.to(dtype=dtype).to(device).eval()
+
+    def make_inputs():
+        generator = torch.Generator(device=device)
+        generator.manual_seed(args.seed)
+        shape = (args.batch, args.context, args.width)
+        state["x"] = torch.randn(shape, generator=generator, device=device, dtype=dtype)
+
+    def forward(count: int = 1):
+        def passes():
+            with torch.inference_mode():
+                output = None
+                for _ in range(count):
+                    output = None  # the previous pass's output is freed before the next
+                    output = state["model"](state["x"])
+                return output
+
+        return passes
+
+    plan = [("model_load", load_model, None, 1), ("inputs", make_inputs, None, 1)]
+    plan.append(("cold_forward", forward(), None, 1))
+    plan.append(("warmup", forward(args.warmup), None, args.warmup))
+    plan += [("warm_forward", forward(), i, 1) for i in range(1, args.repeats + 1)]
+
+    phases = document["phases"]
+    exit_code = EXIT_OK
+    for name, operation, repetition, passes in plan:
+        try:
+            phases.append(phase(name, operation, repetition, passes))
+        except OutOfMemory as oom:
+            document["status"] = "out_of_memory"
+            document["failure"] = {
+                "phase": name,
+                "repetition": repetition,
+                "error": oom_summary(str(oom)),
+                "counters_after_failure": {
+                    k: v for k, v in oom.row.items() if k.endswith("_bytes")
+                },
+            }
+            exit_code = EXIT_OOM
+            break
+    else:
+        document["status"] = "completed"
+    document["summary"] = summarise(phases)
+    return exit_code
+
+
+def summarise(phases: list[dict]) -> dict:
+    warm = [row for row in phases if row["phase"] == "warm_forward"]
+    summary = {
+        "phases_completed": len(phases),
+        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
+        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
+        "warm_forward_median_event_time_ns": None,
+        "warm_forward_median_wall_time_ns": None,
+    }
+    if warm:
+        summary["warm_forward_median_event_time_ns"] = statistics.median(
+            r["event_time_ns"] for r in warm
+        )
+        summary["warm_forward_median_wall_time_ns"] = statistics.median(
+            r["wall_time_ns"] for r in warm
+        )
+    return summary
+
+
+def measure(args: argparse.Namespace) -> int:
+    output = Path(args.output)
+    refuse_existing(output)
+    driver_query = start_driver_query()
+    import_torch()  # the exit-2 guard, before anything is written
+    environment = collect_environment(args.device, args.device_text, driver_query)
+    document = {
+        "schema": MEASUREMENT_SCHEMA,
+        "tool": TOOL,
+        "created_utc": utc_now(),
+        "status": "running",
+        "environment": environment,
+        "configuration": {
+            "device": f"cuda:{args.device}",
+            "batch": args.batch,
+            "context": args.context,
+            "width": args.width,
+            "dtype": args.dtype,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "input_shape": [args.batch, args.context, args.width],
+        },
+        "synthetic_model": synthetic_model(args.width, args.dtype, args.seed),
+        "clocks": CLOCKS,
+        "counters": COUNTERS,
+        "phase_scopes": PHASES_DOC,
+        "phases": [],
+    }
+    exit_code = run_measurement(args, document)
+    write_new(output, document)
+    print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
+    if exit_code == EXIT_OOM:
+        failure = document["failure"]
+        print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)
+    return exit_code
+
+
+# ---------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="mesure_memoire.py",
+        description="Estimate weight memory, record the environment, measure a synthetic MLP.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = commands.add_parser("estimate", help="weight memory from a parameter count, no GPU")
+    p.add_argument("--parameters", type=positive_int, required=True)
+    p.add_argument("--bits", type=positive_int, required=True, help="storage width per weight")
+    p.add_argument("--reserve-gib", type=non_negative_decimal, default=Decimal(0))
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = commands.add_parser("environment", help="record Python, PyTorch, GPU and driver")
+    p.add_argument("--device", required=True, help="cuda or cuda:N")
+    p.add_argument("--output", help="write JSON to this new file instead of stdout")
+
+    p = commands.add_parser("measure", help="measure the synthetic network phase by phase")
+    p.add_argument("--device", required=True, help="cuda or cuda:N (never the CPU)")
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--context", type=positive_int, default=16, help="positions per input")
+    p.add_argument("--width", type=positive_int, default=64)
+    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32")
+    p.add_argument("--warmup", type=positive_int, default=1, help="warm-up passes (one row)")
+    p.add_argument("--repeats", type=positive_int, default=2, help="timed passes (a row each)")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--output", required=True, help="a new JSON file (never overwritten)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "estimate":
+            result = estimate(args.parameters, args.bits, args.reserve_gib)
+            if args.json:
+                print(json.dumps(result, indent=2))
+            else:
+                print_estimate(result)
+            return EXIT_OK
+        args.device_text = args.device
+        try:
+            args.device = device_index(args.device)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"argument --device: {exc}") from None
+        if args.command == "environment":
+            output = Path(args.output) if args.output else None
+            if output is not None:
+                refuse_existing(output)
+            document = {
+                "schema": ENVIRONMENT_SCHEMA,
+                "tool": TOOL,
+                "created_utc": utc_now(),
+                "environment": collect_environment(args.device, args.device_text),
+            }
+            if output is None:
+                print(json.dumps(document, indent=2, ensure_ascii=False))
+            else:
+                write_new(output, document)
+                print(f"{output}: environment recorded")
+            return EXIT_OK
+        return measure(args)
+    except UsageError as exc:
+        print(f"mesure_memoire.py: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("mesure_memoire.py: interrupted: nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""Shared helpers: the repository's paths and a way to run a stage as its own process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINE = ROOT / "pipeline"
+SCHEMAS = ROOT / "schemas"
+RUNS = ROOT / "runs"
+sys.path.insert(0, str(PIPELINE))  # the stages are scripts, imported by file name in tests
+
+
+def run_script(script: str, *args: str, python: str = sys.executable, flags=(), env=None, cwd=None):
+    """Run pipeline/<script> in a fresh interpreter; returns the CompletedProcess (text)."""
+    return subprocess.run(
+        [python, *flags, str(PIPELINE / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run where a GPU is visible and are skipped, saying why, elsewhere."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items or cuda_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU visible to PyTorch (GPU tests run on a GPU host)")
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -1,0 +1,272 @@
+"""mesure_memoire.py without a GPU: arithmetic, bad input, guards, privacy, imports.
+
+These run under every supported Python with or without torch (the `kit` nox session has
+none, so the no-PyTorch guard is exercised for real there)."""
+
+from __future__ import annotations
+
+import ast
+import getpass
+import importlib.util
+import json
+import os
+import socket
+import sys
+from decimal import Decimal
+
+import mesure_memoire as mm
+import pytest
+import validate
+from conftest import PIPELINE, run_script
+from hypothesis import given
+from hypothesis import strategies as st
+
+REGISTRY = validate.load_registry()
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+# ------------------------------------------------------------------ estimate
+
+
+def test_worked_example_of_the_spec_exactly():
+    result = mm.estimate(7_000_000_000, 16, Decimal(4))
+    assert result["weights_bytes"] == 14_000_000_000
+    assert result["weights_gib"] == "13.03851604461669921875"
+    assert result["weights_gb"] == "14"
+    assert result["reserve_gib"] == "4"
+    assert result["total_gib"] == "17.03851604461669921875"
+
+
+def test_worked_example_on_the_command_line():
+    argv = ["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]
+    text = run_script("mesure_memoire.py", *argv)
+    assert text.returncode == 0, text.stderr
+    assert "14000000000 bytes" in text.stdout
+    assert "13.0385160446 GiB" in text.stdout
+    assert "14 GB" in text.stdout
+    assert "17.0385160446 GiB" in text.stdout
+    assert "activations, KV cache" in text.stdout
+    as_json = run_script("mesure_memoire.py", *argv, "--json")
+    assert as_json.returncode == 0
+    document = json.loads(as_json.stdout)
+    assert document == mm.estimate(7_000_000_000, 16, Decimal(4))
+    assert "gradients" in document["not_included"]
+    assert validate.validate_document(document, REGISTRY) == []
+
+
+@pytest.mark.parametrize(
+    ("parameters", "bits", "expected"),
+    [
+        (3, 4, 2),
+        (1, 4, 1),
+        (2, 4, 1),
+        (1, 1, 1),
+        (9, 1, 2),
+        (7_000_000_000, 4, 3_500_000_000),
+        (7_000_000_001, 4, 3_500_000_001),
+        (5, 3, 2),
+        (1, 16, 2),
+    ],
+)
+def test_bytes_round_up_to_whole_bytes(parameters, bits, expected):
+    assert mm.estimate(parameters, bits, Decimal(0))["weights_bytes"] == expected
+
+
+@given(
+    parameters=st.integers(min_value=1, max_value=10**15),
+    bits=st.integers(min_value=1, max_value=64),
+    reserve=st.decimals(min_value=0, max_value=10**6, places=6, allow_nan=False),
+)
+def test_estimate_arithmetic_is_exact(parameters, bits, reserve):
+    result = mm.estimate(parameters, bits, reserve)
+    weights = result["weights_bytes"]
+    assert weights * 8 >= parameters * bits > (weights - 1) * 8
+    assert Decimal(result["weights_gib"]) * 2**30 == weights
+    assert Decimal(result["weights_gb"]) * 10**9 == weights
+    assert Decimal(result["total_gib"]) - Decimal(result["weights_gib"]) == reserve
+    assert "E" not in result["weights_gib"] + result["total_gib"]
+
+
+# ------------------------------------------------------------------ bad input
+
+BAD_INPUT = [
+    (
+        ["estimate", "--parameters", "0", "--bits", "16"],
+        "--parameters: expected a positive integer",
+    ),
+    (["estimate", "--parameters", "-5", "--bits", "16"], "--parameters: expected a positive"),
+    (["estimate", "--parameters", "1.5", "--bits", "16"], "--parameters: expected a positive"),
+    (["estimate", "--parameters", "1e9", "--bits", "16"], "--parameters: expected a positive"),
+    (["estimate", "--parameters", "ten", "--bits", "16"], "--parameters: expected a positive"),
+    (["estimate", "--parameters", "10", "--bits", "0"], "--bits: expected a positive integer"),
+    (["estimate", "--parameters", "10", "--bits", "16", "--reserve-gib", "-1"], "--reserve-gib"),
+    (["estimate", "--parameters", "10", "--bits", "16", "--reserve-gib", "nan"], "--reserve-gib"),
+    (["estimate", "--parameters", "10", "--bits", "16", "--reserve-gib", "inf"], "--reserve-gib"),
+    (["estimate", "--parameters", "10", "--bits", "16", "--reserve-gib", "1e3"], "--reserve-gib"),
+    (["estimate", "--bits", "16"], "required: --parameters"),
+    ([], "required: command"),
+    (["measure", "--device", "cpu"], "--device: expected a GPU device"),
+    (["measure", "--device", "cuda:x"], "--device: expected a GPU device"),
+    (["measure", "--device", "cuda:-1"], "--device: expected a GPU device"),
+    (["measure", "--device", "mps"], "--device: expected a GPU device"),
+    (["measure", "--device", "cuda:0", "--batch", "0"], "--batch: expected a positive integer"),
+    (["measure", "--device", "cuda:0", "--width", "-64"], "--width: expected a positive"),
+    (["measure", "--device", "cuda:0", "--context", "1.5"], "--context: expected a positive"),
+    (["measure", "--device", "cuda:0", "--warmup", "0"], "--warmup: expected a positive"),
+    (["measure", "--device", "cuda:0", "--repeats", "0"], "--repeats: expected a positive"),
+    (["measure", "--device", "cuda:0", "--seed", "-1"], "--seed: expected an integer >= 0"),
+    (["measure", "--device", "cuda:0", "--dtype", "float64"], "--dtype: invalid choice"),
+    (["environment", "--device", "cpu"], "--device: expected a GPU device"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"), BAD_INPUT, ids=lambda v: " ".join(v) if isinstance(v, list) else None
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, argv, message):
+    if argv and argv[0] == "measure":
+        argv = [*argv, "--output", str(tmp_path / "out.json")]
+    result = run_script("mesure_memoire.py", *argv, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("mesure_memoire.py: error: ")
+    assert message in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["measure", "environment"])
+def test_an_existing_output_is_refused_and_its_bytes_stay(tmp_path, command):
+    existing = tmp_path / "result.json"
+    existing.write_bytes(b"earlier result \x00\xff")
+    before = existing.stat()
+    result = run_script(
+        "mesure_memoire.py", command, "--device", "cuda:0", "--output", str(existing)
+    )
+    assert result.returncode == 2
+    assert "already exists" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert existing.read_bytes() == b"earlier result \x00\xff"
+    assert existing.stat().st_mtime_ns == before.st_mtime_ns
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+
+
+def test_output_in_a_missing_folder_is_refused(tmp_path):
+    target = tmp_path / "missing" / "out.json"
+    result = run_script(
+        "mesure_memoire.py", "measure", "--device", "cuda:0", "--output", str(target)
+    )
+    assert result.returncode == 2
+    assert "is not an existing folder" in result.stderr
+    assert not (tmp_path / "missing").exists()
+
+
+# ------------------------------------------------------------------ guards
+
+
+def test_no_pytorch_guard_for_real(tmp_path):
+    """-S hides site-packages: `import torch` really fails, whatever is installed."""
+    out = tmp_path / "m.json"
+    result = run_script(
+        "mesure_memoire.py", "measure", "--device", "cuda:0", "--output", str(out), flags=["-S"]
+    )
+    assert result.returncode == 2
+    assert "PyTorch is not importable" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_environment_without_pytorch_says_so_and_exits_0(tmp_path):
+    out = tmp_path / "environment.json"
+    result = run_script(
+        "mesure_memoire.py", "environment", "--device", "cuda:0", "--output", str(out), flags=["-S"]
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(out.read_text())
+    assert document["environment"]["torch"]["available"] is False
+    assert "PyTorch is not importable" in document["environment"]["torch"]["error"]
+    assert document["environment"]["gpu"]["available"] is False
+    assert validate.validate_document(document, REGISTRY) == []
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs a (CPU) torch installed")
+def test_no_gpu_guard_with_a_real_torch(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here: the no-GPU guard cannot be shown")
+    out = tmp_path / "m.json"
+    result = run_script("mesure_memoire.py", "measure", "--device", "cuda:0", "--output", str(out))
+    assert result.returncode == 2
+    assert "no GPU is visible to PyTorch" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+    env = run_script("mesure_memoire.py", "environment", "--device", "cuda:3")
+    assert env.returncode == 0
+    document = json.loads(env.stdout)
+    assert document["environment"]["torch"]["version"] == torch.__version__
+    assert document["environment"]["gpu"]["available"] is False
+    assert validate.validate_document(document, REGISTRY) == []
+
+
+# ------------------------------------------------------------------ privacy
+
+
+def test_no_environment_variable_or_host_data_in_any_output(tmp_path):
+    canary = "CANARY-7f3c9e1b-do-not-record"
+    env = {**os.environ, "ITERAGPU_CANARY": canary, "CUDA_VISIBLE_DEVICES_CANARY": canary}
+    outputs = []
+    for argv in (
+        ["estimate", "--parameters", "7000000000", "--bits", "16", "--json"],
+        ["environment", "--device", "cuda:0"],
+        ["environment", "--device", "cuda:0", "--output", str(tmp_path / "e.json")],
+        ["measure", "--device", "cuda:0", "--output", str(tmp_path / "m.json")],
+    ):
+        result = run_script("mesure_memoire.py", *argv, env=env, cwd=tmp_path)
+        outputs += [result.stdout, result.stderr]
+    outputs += [p.read_text() for p in tmp_path.iterdir()]
+    everything = "\n".join(outputs)
+    assert canary not in everything
+    for secret in {socket.gethostname(), getpass.getuser(), os.path.expanduser("~")}:
+        if len(secret) >= 4 and secret not in {"root", "user", "/root"}:
+            assert secret not in everything
+    assert str(tmp_path) not in everything.replace(str(tmp_path / "e.json"), "")
+
+
+def test_the_script_never_reads_the_process_environment():
+    source = (PIPELINE / "mesure_memoire.py").read_text()
+    assert "os.environ" not in source
+    assert "environ[" not in source
+    assert "getenv" not in source
+    assert "gethostname" not in source
+
+
+# ------------------------------------------------------------------ imports
+
+
+def test_module_level_imports_are_standard_library_only():
+    tree = ast.parse((PIPELINE / "mesure_memoire.py").read_text())
+    top = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            top.add(node.module.split(".")[0])
+    assert top - {"__future__"} <= set(sys.stdlib_module_names)
+    inner = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import) and node not in tree.body
+        for alias in node.names
+    }
+    assert inner == {"torch"}
+
+
+def test_runs_isolated_from_the_user_site():
+    result = run_script(
+        "mesure_memoire.py", "estimate", "--parameters", "1", "--bits", "4", flags=["-I"]
+    )
+    assert result.returncode == 0
+    assert "1 bytes" in result.stdout
