@@ -34,7 +34,7 @@ from pathlib import Path
 
 TOOL = {"name": "mesure_memoire.py", "version": "1.0.0"}
 ENVIRONMENT_SCHEMA = "urn:iteragpu-lab:schema:environment:v1"
-MEASUREMENT_SCHEMA = "urn:iteragpu-lab:schema:measurement:v1"
+MEASUREMENT_SCHEMA = "urn:iteragpu-lab:schema:measurement:v2"
 ESTIMATE_SCHEMA = "urn:iteragpu-lab:schema:estimate:v1"
 
 GIB = 2**30
@@ -356,6 +356,204 @@ def synthetic_model(width: int, dtype: str, seed: int) -> dict:
     }
 
 
+# ---------------------------------------------------------------- prediction (no GPU)
+
+# PyTorch's native CUDA caching allocator with its default settings (c10/cuda/
+# CUDACachingAllocator.cpp): every block is a multiple of 512 bytes; requests up to 1 MiB
+# come from 2 MiB "small" segments; larger ones from 20 MiB segments (under 10 MiB) or from
+# segments rounded up to 2 MiB; a free block is reused best-fit and split only when the rest
+# is at least 512 bytes (small pool) or more than 1 MiB (large pool), so a large request can
+# be handed a whole block bigger than itself.
+MIN_BLOCK, SMALL_SIZE, SMALL_SEGMENT = 512, 2**20, 2 * 2**20
+LARGE_SEGMENT, MIN_LARGE_ALLOC, ROUND_LARGE = 20 * 2**20, 10 * 2**20, 2 * 2**20
+
+
+class AllocatorModel:
+    """Replays allocations and frees, one stream, and keeps the four counters PyTorch keeps."""
+
+    def __init__(self) -> None:
+        self.free_blocks: list[dict] = []
+        self.next_address = 0
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+
+    def reset_peaks(self) -> None:
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+    def malloc(self, nbytes: int) -> dict | None:
+        if nbytes == 0:
+            return None  # an empty tensor takes no block
+        size = max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+        small = size <= SMALL_SIZE
+        fits = [b for b in self.free_blocks if b["small"] == small and b["size"] >= size]
+        if fits:
+            block = min(fits, key=lambda b: (b["size"], b["address"]))
+            self.free_blocks.remove(block)
+        else:
+            if small:
+                segment = SMALL_SEGMENT
+            elif size < MIN_LARGE_ALLOC:
+                segment = LARGE_SEGMENT
+            else:
+                segment = -(-size // ROUND_LARGE) * ROUND_LARGE
+            block = {
+                "address": self.next_address,
+                "size": segment,
+                "small": small,
+                "prev": None,
+                "next": None,
+                "allocated": False,
+            }
+            self.next_address += segment + ROUND_LARGE  # segments never touch
+            self.reserved += segment
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+        rest = block["size"] - size
+        if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
+            tail = {
+                "address": block["address"] + size,
+                "size": rest,
+                "small": small,
+                "prev": block,
+                "next": block["next"],
+                "allocated": False,
+            }
+            if block["next"] is not None:
+                block["next"]["prev"] = tail
+            block["next"], block["size"] = tail, size
+            self.free_blocks.append(tail)
+        block["allocated"] = True
+        self.allocated += block["size"]
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block
+
+    def free(self, block: dict | None) -> None:
+        if block is None:
+            return
+        block["allocated"] = False
+        self.allocated -= block["size"]
+        for neighbour in (block["prev"], block["next"]):
+            if neighbour is not None and not neighbour["allocated"]:
+                self.free_blocks.remove(neighbour)
+                if neighbour is block["prev"]:
+                    block["address"], block["prev"] = neighbour["address"], neighbour["prev"]
+                    if neighbour["prev"] is not None:
+                        neighbour["prev"]["next"] = block
+                else:
+                    block["next"] = neighbour["next"]
+                    if neighbour["next"] is not None:
+                        neighbour["next"]["prev"] = block
+                block["size"] += neighbour["size"]
+        self.free_blocks.append(block)
+
+    def counters(self) -> dict:
+        return {"allocated_bytes": self.allocated, "reserved_bytes": self.reserved}
+
+
+def predict_phases(configuration: dict, library_blocks: list[dict]) -> list[dict]:
+    """Each phase's predicted counters from the configuration and the library's own blocks.
+
+    The network's tensors are known from the configuration: the four parameters, the input,
+    and per pass Linear1's output h1, GELU's output h2 (h1 freed once GELU returns), the
+    output y (h2 freed once Linear2 returns). The library blocks (cuBLAS/cuBLASLt
+    workspaces: sizes and the layer that allocates them) are measured, not assumed; they
+    appear in the first pass and stay."""
+    width, size = configuration["width"], DTYPE_BYTES[configuration["dtype"]]
+    hidden = HIDDEN_FACTOR * width
+    tokens = configuration["batch"] * configuration["context"]
+    allocator = AllocatorModel()
+    rows: list[dict] = []
+    kept: list = []  # parameters, input and library blocks: they stay to the end
+    outputs: list = []  # the output of the last pass, alive when end values are read
+    library_pending = {"0": True, "2": True}
+
+    def record(phase: str, steps) -> None:
+        row = {"phase": phase}
+        row.update({f"baseline_{k}": v for k, v in allocator.counters().items()})
+        allocator.reset_peaks()
+        steps()
+        row.update(allocator.counters())
+        row["peak_allocated_bytes"] = allocator.peak_allocated
+        row["peak_reserved_bytes"] = allocator.peak_reserved
+        rows.append(row)
+        while outputs:  # freed after the end values, before the next phase (rule 21)
+            allocator.free(outputs.pop())
+
+    def library(layer: str) -> None:
+        if library_pending[layer]:
+            library_pending[layer] = False
+            for entry in library_blocks:
+                if entry["layer"] == layer:
+                    kept.append(allocator.malloc(entry["requested_bytes"]))
+
+    def one_pass() -> None:
+        while outputs:  # the previous pass's output is freed before the next pass
+            allocator.free(outputs.pop())
+        h1 = allocator.malloc(tokens * hidden * size)
+        library("0")
+        h2 = allocator.malloc(tokens * hidden * size)
+        allocator.free(h1)
+        y = allocator.malloc(tokens * width * size)
+        library("2")
+        allocator.free(h2)
+        outputs.append(y)
+
+    def passes(count: int):
+        def steps() -> None:
+            for _ in range(count):
+                one_pass()
+
+        return steps
+
+    parameters = [hidden * width, hidden, width * hidden, width]
+    record("model_load", lambda: kept.extend(allocator.malloc(n * size) for n in parameters))
+    record("inputs", lambda: kept.append(allocator.malloc(tokens * width * size)))
+    record("cold_forward", passes(1))
+    record("warmup", passes(configuration["warmup"]))
+    for _ in range(configuration["repeats"]):
+        record("warm_forward", passes(1))
+    return rows
+
+
+def library_block(text: str) -> dict:
+    match = re.fullmatch(r"([02]):([0-9]{1,15})", text)
+    if not match or int(match.group(2)) == 0:
+        raise argparse.ArgumentTypeError(f"expected LAYER:BYTES with LAYER 0 or 2, got {text!r}")
+    return {"layer": match.group(1), "requested_bytes": int(match.group(2))}
+
+
+def print_phase_prediction(args: argparse.Namespace) -> int:
+    configuration = {
+        key: getattr(args, key)
+        for key in ("batch", "context", "width", "dtype", "warmup", "repeats")
+    }
+    rows = predict_phases(configuration, args.library_block)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "configuration": configuration,
+                    "library_blocks": args.library_block,
+                    "phases": rows,
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    print("predicted PyTorch allocator counters, bytes (baseline / end / peak)")
+    for row in rows:
+        print(
+            f"{row['phase']:<13} allocated {row['baseline_allocated_bytes']:>14} "
+            f"{row['allocated_bytes']:>14} {row['peak_allocated_bytes']:>14}   reserved "
+            f"{row['baseline_reserved_bytes']:>14} {row['reserved_bytes']:>14} "
+            f"{row['peak_reserved_bytes']:>14}"
+        )
+    if not args.library_block:
+        print(
+            "no --library-block given: cuBLAS/cuBLASLt workspaces are left out; "
+            "measure reports them under 'calibration'"
+        )
+    return EXIT_OK
+
+
 def check_gpu(torch, index: int, requested: str) -> None:
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         raise UsageError("no GPU is visible to PyTorch: measure needs one and never uses the CPU")
@@ -376,6 +574,77 @@ def oom_summary(message: str) -> str:
     """Keep what was asked for; drop process lists and totals that name other processes."""
     match = re.search(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)", message)
     return f"CUDA out of memory: tried to allocate {match.group(1)}" if match else "out of memory"
+
+
+def calibrate_library_blocks(torch, device, model, x) -> dict:
+    """After the phases, so the protocol is untouched: free cuBLAS's workspaces, run one pass
+    layer by layer, and list the blocks that appear and stay (neither output nor input).
+    These are the library terms of the prediction, measured in this process."""
+    report = {
+        "method": (
+            "after all phases: torch._C._cuda_clearCublasWorkspaces(), then one forward pass "
+            "layer by layer; blocks that appear and stay, other than the layer outputs, per "
+            "torch.cuda.memory_snapshot()"
+        ),
+        "blocks": [],
+    }
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is None:
+        report["error"] = "this PyTorch has no _cuda_clearCublasWorkspaces: not calibrated"
+        return report
+
+    def active() -> dict:
+        found = {}
+        for segment in torch.cuda.memory_snapshot():
+            if segment.get("device", device.index) != device.index:
+                continue
+            address = segment["address"]
+            for block in segment["blocks"]:
+                if block["state"] == "active_allocated":
+                    found[(address, block["size"])] = block["requested_size"]
+                address += block["size"]
+        return found
+
+    torch.cuda.synchronize(device)
+    before_clear = torch.cuda.memory_allocated(device)
+    clear()
+    report["cleared_bytes"] = before_clear - torch.cuda.memory_allocated(device)
+    seen = active()
+    with torch.inference_mode():
+        hidden = model[0](x)
+        torch.cuda.synchronize(device)
+        after = active()
+        for key in sorted(set(after) - set(seen)):
+            if key[0] != hidden.untyped_storage().data_ptr():
+                report["blocks"].append({"layer": "0", "requested_bytes": after[key]})
+        activated = model[1](hidden)
+        del hidden
+        output = model[2](activated)
+        del activated
+        torch.cuda.synchronize(device)
+        final = active()
+        for key in sorted(set(final) - set(after)):
+            if key[0] != output.untyped_storage().data_ptr():
+                report["blocks"].append({"layer": "2", "requested_bytes": final[key]})
+        del output
+    return report
+
+
+def reference_timing(torch, model, x) -> dict:
+    """The same forward timed by torch.utils.benchmark.Timer (synchronises CUDA, no cache
+    flush), to show how far the harness's own event times are from a standard tool."""
+    from torch.utils import benchmark
+
+    timer = benchmark.Timer(
+        stmt="with torch.inference_mode():\n    model(x)",
+        globals={"torch": torch, "model": model, "x": x},
+    )
+    result = timer.blocked_autorange(min_run_time=0.2)
+    return {
+        "tool": "torch.utils.benchmark.Timer.blocked_autorange(min_run_time=0.2)",
+        "median_ns": round(result.median * 1e9),
+        "runs": result.number_per_run * len(result.raw_times),
+    }
 
 
 def run_measurement(args: argparse.Namespace, document: dict) -> int:
@@ -473,26 +742,101 @@ def run_measurement(args: argparse.Namespace, document: dict) -> int:
             break
     else:
         document["status"] = "completed"
-    document["summary"] = summarise(phases)
+    calibration = {"blocks": [], "error": "not run: the measurement ran out of memory"}
+    if exit_code == EXIT_OK:
+        calibration = calibrate_library_blocks(torch, device, state["model"], state["x"])
+    document["calibration"] = calibration
+    reference = None
+    if exit_code == EXIT_OK and args.reference_timing:
+        reference = reference_timing(torch, state["model"], state["x"])
+    add_predictions(document, calibration["blocks"])
+    document["summary"] = summarise(document, reference)
     return exit_code
 
 
-def summarise(phases: list[dict]) -> dict:
+COUNTER_KEYS = (
+    "baseline_allocated_bytes",
+    "baseline_reserved_bytes",
+    "allocated_bytes",
+    "reserved_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+)
+# Dense datasheet peaks (vendor, SXM parts), for scale only: this network is not a benchmark.
+DATASHEET_TFLOPS = {
+    "NVIDIA H200": {"float32": 67, "float16": 989, "bfloat16": 989},
+    "NVIDIA H100 80GB HBM3": {"float32": 67, "float16": 989, "bfloat16": 989},
+}
+
+
+def add_predictions(document: dict, library_blocks: list[dict]) -> None:
+    """Put the predicted counters beside the measured ones in every completed phase row."""
+    predicted = predict_phases(document["configuration"], library_blocks)
+    for row, expected in zip(document["phases"], predicted, strict=False):
+        row["predicted"] = {key: expected[key] for key in COUNTER_KEYS}
+        row["harness_overhead_ns"] = row["wall_time_ns"] - row["event_time_ns"]
+
+
+def spread(values: list[int]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarise(document: dict, reference: dict | None = None) -> dict:
+    phases = document["phases"]
+    configuration = document["configuration"]
     warm = [row for row in phases if row["phase"] == "warm_forward"]
+    differences = {
+        key: max((abs(row[key] - row["predicted"][key]) for row in phases), default=0)
+        for key in COUNTER_KEYS
+    }
     summary = {
         "phases_completed": len(phases),
         "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
         "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
         "warm_forward_median_event_time_ns": None,
         "warm_forward_median_wall_time_ns": None,
+        "prediction": {
+            "largest_abs_difference_allocated_bytes": max(
+                differences[key] for key in COUNTER_KEYS if "allocated" in key
+            ),
+            "largest_abs_difference_reserved_bytes": max(
+                differences[key] for key in COUNTER_KEYS if "reserved" in key
+            ),
+            "by_counter": differences,
+            "model": "pipeline allocator model (512-byte blocks, 2 MiB small segments, "
+            "20 MiB or 2 MiB-rounded large segments, best fit, split rules) replaying the "
+            "network's tensors and the calibrated library blocks",
+        },
     }
-    if warm:
-        summary["warm_forward_median_event_time_ns"] = statistics.median(
-            r["event_time_ns"] for r in warm
-        )
-        summary["warm_forward_median_wall_time_ns"] = statistics.median(
-            r["wall_time_ns"] for r in warm
-        )
+    if not warm:
+        return summary
+    events = [r["event_time_ns"] for r in warm]
+    summary["warm_forward_median_event_time_ns"] = statistics.median(events)
+    summary["warm_forward_median_wall_time_ns"] = statistics.median(r["wall_time_ns"] for r in warm)
+    tokens = configuration["batch"] * configuration["context"]
+    flops = 2 * 2 * tokens * configuration["width"] * HIDDEN_FACTOR * configuration["width"]
+    median_s = statistics.median(events) / 1e9
+    gpu_name = document["environment"]["gpu"].get("name")
+    peak = DATASHEET_TFLOPS.get(gpu_name, {}).get(configuration["dtype"])
+    summary["timing"] = {
+        "warm_forward_event_ns": spread(events),
+        "warm_forward_wall_ns": spread([r["wall_time_ns"] for r in warm]),
+        "harness_overhead_ns": {
+            r["phase"] + (f"[{r['repetition']}]" if "repetition" in r else ""): r[
+                "harness_overhead_ns"
+            ]
+            for r in phases
+        },
+        "reference": reference,
+        "event_median_over_reference": (
+            round(statistics.median(events) / reference["median_ns"], 4) if reference else None
+        ),
+        "forward_matmul_flops": flops,
+        "achieved_tflops": round(flops / median_s / 1e12, 3) if median_s > 0 else None,
+        "datasheet_dense_tflops": peak,
+        "caveat": "matmul FLOPs of two Linear layers over the warm_forward event median; "
+        "this small synthetic network is not a benchmark of the card",
+    }
     return summary
 
 
@@ -517,6 +861,7 @@ def measure(args: argparse.Namespace) -> int:
             "warmup": args.warmup,
             "repeats": args.repeats,
             "seed": args.seed,
+            "reference_timing": args.reference_timing,
             "input_shape": [args.batch, args.context, args.width],
         },
         "synthetic_model": synthetic_model(args.width, args.dtype, args.seed),
@@ -545,10 +890,26 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = commands.add_parser("estimate", help="weight memory from a parameter count, no GPU")
-    p.add_argument("--parameters", type=positive_int, required=True)
-    p.add_argument("--bits", type=positive_int, required=True, help="storage width per weight")
+    p.add_argument("--parameters", type=positive_int)
+    p.add_argument("--bits", type=positive_int, help="storage width per weight")
     p.add_argument("--reserve-gib", type=non_negative_decimal, default=Decimal(0))
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    phases = p.add_argument_group("--phases: predict each phase's counters for measure")
+    phases.add_argument("--phases", action="store_true", help="predict instead of --parameters")
+    phases.add_argument("--batch", type=positive_int, default=1)
+    phases.add_argument("--context", type=positive_int, default=16)
+    phases.add_argument("--width", type=positive_int, default=64)
+    phases.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32")
+    phases.add_argument("--warmup", type=positive_int, default=1)
+    phases.add_argument("--repeats", type=positive_int, default=2)
+    phases.add_argument(
+        "--library-block",
+        type=library_block,
+        action="append",
+        default=[],
+        metavar="LAYER:BYTES",
+        help="a block the libraries keep, as measure's calibration reports it (e.g. 0:33554432)",
+    )
 
     p = commands.add_parser("environment", help="record Python, PyTorch, GPU and driver")
     p.add_argument("--device", required=True, help="cuda or cuda:N")
@@ -563,6 +924,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=positive_int, default=1, help="warm-up passes (one row)")
     p.add_argument("--repeats", type=positive_int, default=2, help="timed passes (a row each)")
     p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument(
+        "--reference-timing",
+        action="store_true",
+        help="also time the forward with torch.utils.benchmark.Timer (about 0.4 s more)",
+    )
     p.add_argument("--output", required=True, help="a new JSON file (never overwritten)")
     return parser
 
@@ -570,7 +936,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if args.command == "estimate" and args.phases:
+            return print_phase_prediction(args)
         if args.command == "estimate":
+            if args.parameters is None or args.bits is None:
+                raise UsageError("estimate needs --parameters and --bits (or --phases)")
             result = estimate(args.parameters, args.bits, args.reserve_gib)
             if args.json:
                 print(json.dumps(result, indent=2))

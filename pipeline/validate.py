@@ -20,7 +20,7 @@ from referencing import Registry, Resource
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 RUN_ARTEFACTS = ("environment.json", "measurement.json")
-MEASUREMENT = "urn:iteragpu-lab:schema:measurement:v1"
+MEASUREMENTS = {"urn:iteragpu-lab:schema:measurement:v1", "urn:iteragpu-lab:schema:measurement:v2"}
 FIXED_PHASES = ("model_load", "inputs", "cold_forward", "warmup")
 
 
@@ -105,7 +105,7 @@ def validate_document(document, registry: Registry) -> list[str]:
     errors = sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.path)))
     if errors:
         return [f"{json_path(e.absolute_path)}: {e.message}" for e in errors]
-    if document["schema"] == MEASUREMENT:
+    if document["schema"] in MEASUREMENTS:
         return measurement_facts(document)
     return []
 

@@ -1,0 +1,119 @@
+"""mesure_memoire.py measure on a real GPU (marked `gpu`; skipped where none is visible).
+
+Each measurement runs in a fresh process, as the spec asks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import validate
+from conftest import run_script
+
+pytestmark = pytest.mark.gpu
+REGISTRY = validate.load_registry()
+SMALL = ["--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32"]
+SMALL += ["--warmup", "1", "--repeats", "2"]
+LARGE = ["--batch", "2", "--context", "128", "--width", "1024", "--dtype", "float32"]
+LARGE += ["--warmup", "3", "--repeats", "5"]
+ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def block(size: int) -> int:
+    """The caching allocator counts every block rounded up to 512 bytes."""
+    return -(-size // 512) * 512
+
+
+def measure(tmp_path, argv, name="m.json", expect=0):
+    out = tmp_path / name
+    result = run_script(
+        "mesure_memoire.py", "measure", "--device", "cuda:0", *argv, "--output", str(out)
+    )
+    assert result.returncode == expect, result.stderr
+    document = json.loads(out.read_text())
+    assert validate.validate_document(document, REGISTRY) == []
+    return document
+
+
+def option(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [SMALL, LARGE, [*SMALL[:-6], "float16", *SMALL[-4:]], [*LARGE[:-6], "bfloat16", *LARGE[-4:]]],
+    ids=["small-float32", "large-float32", "small-float16", "large-bfloat16"],
+)
+def test_spec_commands_give_the_phase_table_and_exact_weight_and_input_bytes(tmp_path, argv):
+    document = measure(tmp_path, argv)
+    repeats = int(option(argv, "--repeats"))
+    phases = document["phases"]
+    assert document["status"] == "completed"
+    assert [row["phase"] for row in phases] == [
+        "model_load",
+        "inputs",
+        "cold_forward",
+        "warmup",
+        *["warm_forward"] * repeats,
+    ]
+    assert len(phases) == 4 + repeats  # --warmup 1 --repeats 2 gives six rows
+    for row in phases:
+        assert row["allocated_bytes"] <= row["reserved_bytes"]
+        assert row["peak_allocated_bytes"] >= max(
+            row["baseline_allocated_bytes"], row["allocated_bytes"]
+        )
+        assert row["peak_reserved_bytes"] >= max(
+            row["baseline_reserved_bytes"], row["reserved_bytes"]
+        )
+        assert row["wall_time_ns"] > 0
+        assert row["event_time_ns"] > 0
+    width, size = int(option(argv, "--width")), ELEMENT[option(argv, "--dtype")]
+    hidden = 4 * width
+    weights = [hidden * width, hidden, width * hidden, width]
+    load, inputs = phases[0], phases[1]
+    assert load["baseline_allocated_bytes"] == 0
+    assert load["allocated_bytes"] == sum(block(n * size) for n in weights)
+    batch, context = int(option(argv, "--batch")), int(option(argv, "--context"))
+    assert inputs["allocated_bytes"] - inputs["baseline_allocated_bytes"] == block(
+        batch * context * width * size
+    )
+    env = document["environment"]
+    assert env["gpu"]["available"] is True
+    assert env["driver"]["tool"] == "nvidia-smi"
+    assert env["driver"]["version"]
+
+
+def test_out_of_memory_is_recorded_with_exit_3(tmp_path):
+    """An input far larger than any card: the inputs phase fails, the file says so."""
+    document = measure(
+        tmp_path, ["--batch", "1", "--context", "4000000000", "--width", "64"], expect=3
+    )
+    assert document["status"] == "out_of_memory"
+    assert document["failure"]["phase"] == "inputs"
+    assert "out of memory" in document["failure"]["error"]
+    assert [row["phase"] for row in document["phases"]] == ["model_load"]
+
+
+def test_a_second_run_never_replaces_the_first(tmp_path):
+    measure(tmp_path, SMALL)
+    before = (tmp_path / "m.json").read_bytes()
+    again = run_script(
+        "mesure_memoire.py",
+        "measure",
+        "--device",
+        "cuda:0",
+        *SMALL,
+        "--output",
+        str(tmp_path / "m.json"),
+    )
+    assert again.returncode == 2
+    assert (tmp_path / "m.json").read_bytes() == before
+
+
+def test_a_device_that_does_not_exist_is_refused(tmp_path):
+    result = run_script(
+        "mesure_memoire.py", "measure", "--device", "cuda:64", "--output", str(tmp_path / "m.json")
+    )
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr
+    assert list(tmp_path.iterdir()) == []
