@@ -42,6 +42,8 @@ GB = 10**9
 HIDDEN_FACTOR = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 EXIT_OK, EXIT_USAGE, EXIT_OOM = 0, 2, 3
+# How this process was started; the pipeline's launcher sets it in the children it forks.
+PROCESS_START = "fresh interpreter"
 
 NOT_INCLUDED = (
     "Weights only. Not included: activations, KV cache, quantization metadata, gradients, "
@@ -273,6 +275,7 @@ def collect_environment(index: int, requested: str, driver_query=None) -> dict:
             "implementation": platform.python_implementation(),
         },
         "platform": {"system": platform.system(), "machine": platform.machine()},
+        "process_start": PROCESS_START,
         "requested_device": requested,
         "torch": {"available": False},
         "gpu": {"available": False},
@@ -327,33 +330,6 @@ def write_new(path: Path, document: dict) -> None:
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-# ---------------------------------------------------------------- measure
-
-
-def synthetic_model(width: int, dtype: str, seed: int) -> dict:
-    hidden = HIDDEN_FACTOR * width
-    parameters = width * hidden + hidden + hidden * width + width
-    return {
-        "architecture": "Linear(width, hidden) -> GELU -> Linear(hidden, width)",
-        "width": width,
-        "hidden_width": hidden,
-        "hidden_rule": f"hidden_width = {HIDDEN_FACTOR} x width",
-        "bias": True,
-        "gelu": "exact (erf), torch.nn.GELU(approximate='none')",
-        "parameters": parameters,
-        "parameter_bytes": parameters * DTYPE_BYTES[dtype],
-        "parameter_tensors": [
-            {"name": "0.weight", "shape": [hidden, width]},
-            {"name": "0.bias", "shape": [hidden]},
-            {"name": "2.weight", "shape": [width, hidden]},
-            {"name": "2.bias", "shape": [width]},
-        ],
-        "initialisation": "PyTorch default for nn.Linear, on the CPU in float32, then cast",
-        "seed": seed,
-        "execution": "torch.inference_mode(); no autocast, gradients, optimizer or sharding",
-    }
 
 
 # ---------------------------------------------------------------- prediction (no GPU)
@@ -552,6 +528,33 @@ def print_phase_prediction(args: argparse.Namespace) -> int:
             "measure reports them under 'calibration'"
         )
     return EXIT_OK
+
+
+# ---------------------------------------------------------------- measure
+
+
+def synthetic_model(width: int, dtype: str, seed: int) -> dict:
+    hidden = HIDDEN_FACTOR * width
+    parameters = width * hidden + hidden + hidden * width + width
+    return {
+        "architecture": "Linear(width, hidden) -> GELU -> Linear(hidden, width)",
+        "width": width,
+        "hidden_width": hidden,
+        "hidden_rule": f"hidden_width = {HIDDEN_FACTOR} x width",
+        "bias": True,
+        "gelu": "exact (erf), torch.nn.GELU(approximate='none')",
+        "parameters": parameters,
+        "parameter_bytes": parameters * DTYPE_BYTES[dtype],
+        "parameter_tensors": [
+            {"name": "0.weight", "shape": [hidden, width]},
+            {"name": "0.bias", "shape": [hidden]},
+            {"name": "2.weight", "shape": [width, hidden]},
+            {"name": "2.bias", "shape": [width]},
+        ],
+        "initialisation": "PyTorch default for nn.Linear, on the CPU in float32, then cast",
+        "seed": seed,
+        "execution": "torch.inference_mode(); no autocast, gradients, optimizer or sharding",
+    }
 
 
 def check_gpu(torch, index: int, requested: str) -> None:

@@ -1,0 +1,407 @@
+"""verify.py: an intact kit passes; every alteration and every hostile archive is named.
+
+Hostile zips are made here with zipfile (ZipInfo fields edited, raw bytes patched). For those
+refused from the central directory, ZipFile.open is made to fail the test, which proves that
+no member was read."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import struct
+import subprocess
+import sys
+import warnings
+import zipfile
+import zlib
+from pathlib import Path
+
+import archive
+import pytest
+import verify
+from conftest import PIPELINE, ROOT
+from kit_tree import build, make_tree, members_of, write_zip
+
+FOLDER = "iteragpu-lab-v1/"
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    """One built kit for the module: its source tree, its zip and its manifest."""
+    base = tmp_path_factory.mktemp("kit")
+    tree = make_tree(base / "src")
+    assert build(tree, base / "dist") == 0
+    return {
+        "tree": tree,
+        "zip": base / "dist" / "iteragpu-lab-v1.zip",
+        "manifest": tree / "MANIFEST.json",
+        "members": members_of(tree),
+    }
+
+
+def run(kit, *args: str) -> int:
+    return verify.main(["--manifest", str(kit["manifest"]), *map(str, args)])
+
+
+def entries(kit, **changes) -> list[tuple[str, bytes]]:
+    """The kit's nine entries, with members replaced (bytes) or dropped (None)."""
+    members = {**kit["members"], **changes}
+    return [(FOLDER + n, data) for n, data in sorted(members.items()) if data is not None]
+
+
+@pytest.fixture
+def no_member_read(monkeypatch):
+    """ZipFile.open for reading fails the test (writing, to build a zip, still works)."""
+    original = zipfile.ZipFile.open
+
+    def guarded(self, name, mode="r", *args, **kwargs):
+        if mode == "r":
+            raise AssertionError("a member was read although the central directory was refused")
+        return original(self, name, mode, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", guarded)
+
+
+# ---------------------------------------------------------------- intact copies
+
+
+def test_the_built_zip_is_intact(kit, capsys):
+    assert run(kit, kit["zip"]) == 0
+    assert "intact: 9 members match" in capsys.readouterr().out
+
+
+def test_an_extracted_folder_and_its_parent_are_intact(kit, tmp_path):
+    with zipfile.ZipFile(kit["zip"]) as zf:
+        zf.extractall(tmp_path)  # safe: our own zip, checked just above
+    assert run(kit, tmp_path) == 0
+    assert run(kit, tmp_path / "iteragpu-lab-v1") == 0
+
+
+def test_the_sources_of_a_tree_against_its_manifest(kit, tmp_path):
+    assert verify.main(["--root", str(kit["tree"])]) == 0
+
+
+def test_the_committed_manifest_matches_the_repository():
+    """MANIFEST.json is a lock file: a member changed without `make archive` fails here."""
+    if not (ROOT / "MANIFEST.json").exists():
+        pytest.skip("no MANIFEST.json committed yet: run make archive")
+    assert verify.main([]) == 0
+
+
+def test_a_run_as_its_own_process(kit):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PIPELINE / "verify.py"),
+            "--manifest",
+            str(kit["manifest"]),
+            kit["zip"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+
+# ---------------------------------------------------------------- altered copies: exit 1
+
+
+def test_altered_content_of_the_same_size_names_member_and_hash(kit, tmp_path, capsys):
+    readme = kit["members"]["README.md"]
+    altered = readme.replace(b"IteraGPU", b"IteraCPU", 1)
+    assert len(altered) == len(readme)
+    path = write_zip(tmp_path / "k.zip", entries(kit, **{"README.md": altered}))
+    assert run(kit, path) == 1
+    assert "FAIL README.md: SHA-256" in capsys.readouterr().err
+
+
+def test_a_member_of_another_size_is_refused_before_it_is_read(
+    kit, tmp_path, capsys, no_member_read
+):
+    bigger = kit["members"]["LICENSE.txt"] + b"\n"
+    path = write_zip(tmp_path / "k.zip", entries(kit, **{"LICENSE.txt": bigger}))
+    assert run(kit, path) == 1
+    assert "FAIL LICENSE.txt: the zip says 1070 bytes, the manifest 1069" in capsys.readouterr().err
+
+
+def test_a_missing_and_an_extra_entry(kit, tmp_path, capsys, no_member_read):
+    listed = [*entries(kit, **{"LICENSE.txt": None}), (FOLDER + "notes.txt", b"hello")]
+    assert run(kit, write_zip(tmp_path / "k.zip", listed)) == 1
+    err = capsys.readouterr().err
+    assert "FAIL iteragpu-lab-v1/LICENSE.txt: missing" in err
+    assert "FAIL iteragpu-lab-v1/notes.txt: not a member of the kit" in err
+
+
+def test_a_copy_whose_manifest_differs_from_the_reference(kit, tmp_path, capsys):
+    other = kit["members"]["MANIFEST.json"].replace(b'\n  "hash"', b'\n\t "hash"', 1)
+    assert len(other) == len(kit["members"]["MANIFEST.json"])
+    path = write_zip(tmp_path / "k.zip", entries(kit, **{"MANIFEST.json": other}))
+    assert run(kit, path) == 1
+    assert "FAIL MANIFEST.json: differs from the reference manifest" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("member", "dirty", "message"),
+    [
+        ("resultats-bruts.csv", b"run_id\nr1\n", "resultats-bruts.csv: 1 filled row(s)"),
+        (
+            "mesure-memoire.ipynb",
+            b'{"cells": [{"cell_type": "code", "execution_count": 3, "outputs": []}]}',
+            "mesure-memoire.ipynb: cell number 1 has saved outputs",
+        ),
+    ],
+)
+def test_the_empty_grid_and_empty_notebook_rules_hold_even_when_the_hashes_agree(
+    kit, tmp_path, capsys, member, dirty, message
+):
+    members = {**kit["members"], member: dirty}
+    del members["MANIFEST.json"]
+    manifest = archive.manifest_bytes(members)
+    (tmp_path / "MANIFEST.json").write_bytes(manifest)
+    members["MANIFEST.json"] = manifest
+    path = tmp_path / "dirty.zip"
+    path.write_bytes(archive.zip_bytes(members, archive.DEFAULT_EPOCH))
+    assert verify.main(["--manifest", str(tmp_path / "MANIFEST.json"), str(path)]) == 1
+    assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the reference manifest
+
+
+def spoilt_manifest(kit, tmp_path, change) -> Path:
+    document = json.loads(kit["members"]["MANIFEST.json"])
+    change(document)
+    path = tmp_path / "MANIFEST.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["members"][0].update(size="1069"), "fails its schema at $.members[0]"),
+        (lambda d: d.update(extra=1), "fails its schema at $"),
+        (lambda d: d.update(schema="urn:iteragpu-lab:schema:estimate:v1"), 'its "schema" is not'),
+        (lambda d: d["members"][0].update(name="LICENCE.txt"), "LICENCE.txt: listed, but not"),
+        (lambda d: d["members"][2].update(name="LICENSE.txt"), "listed 2 times"),
+    ],
+)
+def test_a_bad_reference_manifest_fails_its_checks(kit, tmp_path, capsys, change, message):
+    reference = spoilt_manifest(kit, tmp_path, change)
+    assert verify.main(["--manifest", str(reference), str(kit["zip"])]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_a_reference_that_is_not_json_fails(kit, tmp_path, capsys):
+    (tmp_path / "MANIFEST.json").write_text("{")
+    assert verify.main(["--manifest", str(tmp_path / "MANIFEST.json")]) == 1
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_no_reference_manifest_is_unusable_input(kit, tmp_path, capsys):
+    assert verify.main(["--manifest", str(tmp_path / "none.json"), str(kit["zip"])]) == 2
+    assert "no reference manifest" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- hostile zips
+
+
+def info(name: str, mode: int = stat.S_IFREG | 0o644, **fields) -> zipfile.ZipInfo:
+    zinfo = zipfile.ZipInfo(name, date_time=(2026, 9, 24, 0, 0, 0))
+    zinfo.create_system = 3
+    zinfo.external_attr = mode << 16
+    zinfo.compress_type = zipfile.ZIP_DEFLATED
+    for key, value in fields.items():
+        setattr(zinfo, key, value)
+    return zinfo
+
+
+HOSTILE = {
+    "dot-dot": ([(FOLDER + "../evil.sh", b"x")], "'..' in its path"),
+    "absolute": ([("/etc/cron.d/evil", b"x")], "an absolute path"),
+    "drive letter": ([("C:/evil.bat", b"x")], "an absolute path"),
+    "backslash": ([(FOLDER + "..\\evil", b"x")], "a backslash in its name"),
+    "control character": ([(FOLDER + "a\nb", b"x")], "a control character"),
+    "directory entry": ([(info(FOLDER, stat.S_IFDIR | 0o755), b"")], "a directory entry"),
+    "nested folder": ([(FOLDER + "sub/README.md", b"x")], "not a member of the kit"),
+    "other folder": ([("other/README.md", b"x")], "not a member of the kit"),
+    "symlink": (
+        [(info(FOLDER + "link", stat.S_IFLNK | 0o777), b"/etc/passwd")],
+        "a symbolic link",
+    ),
+    "fifo": ([(info(FOLDER + "pipe", stat.S_IFIFO | 0o644), b"")], "not a regular file"),
+    "bzip2": (
+        [(info(FOLDER + "packed", compress_type=zipfile.ZIP_BZIP2), b"x")],
+        "compression method 12",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_entries_are_refused_before_any_read(kit, tmp_path, capsys, no_member_read, case):
+    extra, message = HOSTILE[case]
+    path = write_zip(tmp_path / "hostile.zip", [*entries(kit), *extra])
+    assert run(kit, path) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_a_duplicate_name_is_refused_before_any_read(kit, tmp_path, capsys, no_member_read):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # zipfile warns about the duplicate
+        path = write_zip(
+            tmp_path / "dup.zip", [*entries(kit), (FOLDER + "README.md", b"# Evil twin\n")]
+        )
+    assert run(kit, path) == 1
+    assert "README.md: appears 2 times" in capsys.readouterr().err
+
+
+def test_a_zip_bomb_ratio_is_refused_before_any_read(kit, tmp_path, capsys, monkeypatch):
+    members = dict(kit["members"])
+    members["LICENSE.txt"] = b"\0" * 300_000
+    manifest = archive.manifest_bytes({k: v for k, v in members.items() if k != "MANIFEST.json"})
+    (tmp_path / "MANIFEST.json").write_bytes(manifest)
+    members["MANIFEST.json"] = manifest
+    path = tmp_path / "bomb.zip"
+    path.write_bytes(archive.zip_bytes(members, archive.DEFAULT_EPOCH))
+    monkeypatch.setattr(zipfile.ZipFile, "open", None)  # a read would raise TypeError
+    assert verify.main(["--manifest", str(tmp_path / "MANIFEST.json"), str(path)]) == 1
+    assert "LICENSE.txt: expands" in capsys.readouterr().err
+
+
+# Offsets of a few fields in a local header (PK\3\4) and a central one (PK\1\2).
+FIELDS = {"flag_bits": ("<H", 6, 8), "crc": ("<L", 14, 16), "file_size": ("<L", 22, 24)}
+
+
+def patch_entry(data: bytes, name: str, **values: int) -> bytes:
+    """Rewrite fields of one entry in both its local and central headers."""
+    out, raw = bytearray(data), name.encode()
+    for signature, fixed, column in ((b"PK\x03\x04", 30, 1), (b"PK\x01\x02", 46, 2)):
+        at = out.index(signature)
+        while out[at + fixed : at + fixed + len(raw)] != raw:
+            at = out.index(signature, at + 4)
+        for field, value in values.items():
+            struct.pack_into(FIELDS[field][0], out, at + FIELDS[field][column], value)
+    return bytes(out)
+
+
+def test_an_encrypted_entry_is_refused_before_any_read(kit, tmp_path, capsys, no_member_read):
+    raw = write_zip(tmp_path / "k.zip", entries(kit)).read_bytes()
+    path = tmp_path / "encrypted.zip"
+    path.write_bytes(patch_entry(raw, FOLDER + "README.md", flag_bits=0x1))
+    assert run(kit, path) == 1
+    assert "FAIL iteragpu-lab-v1/README.md: encrypted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "deflated"]
+)
+def test_a_member_bigger_than_it_claims(kit, tmp_path, capsys, compression):
+    """The headers claim the true size and CRC, the data holds more: zipfile alone would
+    stop at the claimed size and never notice; unzip would write the extra bytes."""
+    licence = kit["members"]["LICENSE.txt"]
+    listed = entries(kit, **{"LICENSE.txt": licence + b"\0" * 5000})
+    raw = write_zip(tmp_path / "k.zip", listed, compression).read_bytes()
+    name = FOLDER + "LICENSE.txt"
+    path = tmp_path / "lying.zip"
+    path.write_bytes(patch_entry(raw, name, file_size=len(licence), crc=zlib.crc32(licence)))
+    assert run(kit, path) == 1
+    assert "LICENSE.txt: " in (err := capsys.readouterr().err)
+    assert "bigger than it claims" in err
+
+
+def test_reading_stops_one_byte_past_the_declared_size():
+    stream = io.BytesIO(b"x" * 1_000_000)
+    count, _, _ = verify.digest(stream, 10, keep=False)
+    assert count == 11
+    assert stream.tell() == 11
+
+
+# ---------------------------------------------------------------- unusable input: exit 2
+
+
+def truncated(kit, tmp_path, cut: slice) -> Path:
+    path = tmp_path / "cut.zip"
+    path.write_bytes(kit["zip"].read_bytes()[cut])
+    return path
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda kit, tmp: truncated(kit, tmp, slice(0, -30)),  # end record gone
+        lambda kit, tmp: truncated(kit, tmp, slice(0, 20_000)),  # cut in the middle
+        lambda kit, tmp: truncated(kit, tmp, slice(0, 0)),  # empty
+        lambda kit, tmp: Path(ROOT / "LICENSE.txt"),  # not a zip
+        lambda kit, tmp: tmp / "does-not-exist.zip",
+    ],
+    ids=["no end record", "cut in the middle", "empty file", "not a zip", "no such file"],
+)
+def test_unusable_input_exits_2_in_one_line(kit, tmp_path, capsys, make):
+    assert run(kit, make(kit, tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verify.py: error: ")
+    assert err.count("\n") == 1
+
+
+def test_a_file_too_large_to_be_a_kit_is_not_opened(kit, capsys, monkeypatch):
+    monkeypatch.setattr(verify, "MAX_ZIP_BYTES", 1000)
+    monkeypatch.setattr(zipfile, "ZipFile", None)
+    assert run(kit, kit["zip"]) == 2
+    assert "larger than any kit" in capsys.readouterr().err
+
+
+def test_a_bad_option_is_one_line_and_exit_2(capsys):
+    assert verify.main(["--no-such-option"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- hostile folders
+
+
+@pytest.fixture
+def folder(kit, tmp_path):
+    with zipfile.ZipFile(kit["zip"]) as zf:
+        zf.extractall(tmp_path)
+    return tmp_path / "iteragpu-lab-v1"
+
+
+def test_a_symlinked_member_in_a_folder_is_refused(kit, folder, capsys):
+    target = folder.parent / "LICENSE.txt"
+    (folder / "LICENSE.txt").rename(target)
+    (folder / "LICENSE.txt").symlink_to(target)
+    assert run(kit, folder) == 1
+    assert "FAIL LICENSE.txt: a symbolic link" in capsys.readouterr().err
+
+
+def test_a_folder_with_a_subfolder_a_fifo_and_an_extra_file(kit, folder, capsys):
+    (folder / "sub").mkdir()
+    os.mkfifo(folder / "pipe")
+    (folder / ".DS_Store").write_bytes(b"\0")
+    assert run(kit, folder) == 1
+    err = capsys.readouterr().err
+    assert "FAIL sub: not a regular file" in err
+    assert "FAIL pipe: not a regular file" in err
+    assert "FAIL .DS_Store: not a member of the kit" in err
+
+
+def test_a_longer_file_in_a_folder_is_refused_by_its_size(kit, folder, capsys, monkeypatch):
+    with (folder / "README.md").open("ab") as handle:
+        handle.write(b"more")
+    read, original = [], verify.member_problems
+    monkeypatch.setattr(
+        verify, "member_problems", lambda name, *a: read.append(name) or original(name, *a)
+    )
+    assert run(kit, folder) == 1
+    assert "FAIL README.md: 11975 bytes, the manifest says 11971" in capsys.readouterr().err
+    assert "README.md" not in read  # refused from fstat, before any read
+    assert "LICENSE.txt" in read
+
+
+def test_a_missing_member_in_a_folder(kit, folder, capsys):
+    (folder / "tarifs-forfaits.csv").unlink()
+    assert run(kit, folder) == 1
+    assert "FAIL tarifs-forfaits.csv: missing" in capsys.readouterr().err
