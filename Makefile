@@ -22,6 +22,14 @@ nox: $(if $(filter nox,$(NOX)),,$(TOOLS)/bin/nox)
 test: nox  ## Lint, then run the tests (CPU torch) and the kit tests on Python 3.10-3.13
 	$(NOX) -s lint tests kit
 
+.PHONY: archive
+archive: nox  ## Build dist/iteragpu-lab-v1.zip and MANIFEST.json (no GPU; never overwrites)
+	$(NOX) -s archive
+
+.PHONY: verify
+verify: nox  ## Check the kit against MANIFEST.json (KIT=dist/iteragpu-lab-v1.zip for a copy)
+	$(NOX) -s verify -- $(KIT)
+
 .PHONY: measure
 measure: nox  ## Measure on a GPU into runs/<id>/ (DEVICE=cuda:0, ARGS="--width 1024 ...")
 	$(NOX) -s measure -- --device $(or $(DEVICE),cuda:0) $(ARGS)

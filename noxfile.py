@@ -8,15 +8,13 @@ environment. Test and lint sessions build their own pinned virtual environments.
 
 from __future__ import annotations
 
-import datetime
 import os
-import secrets
 import shutil
 from pathlib import Path
 
 import nox
 
-nox.needs_version = ">=2025.2.9"
+nox.needs_version = ">=2026.10.20"  # CommandFailed.return_code
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "tests"]
@@ -98,45 +96,111 @@ def environment(session: nox.Session) -> None:
     )
 
 
-def new_run_folder() -> Path:
-    """runs/<UTC time>-<random>: sortable, and created exclusively (never reused)."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    folder = ROOT / "runs" / f"{stamp}-{secrets.token_hex(3)}"
-    folder.mkdir(parents=False, exist_ok=False)
-    return folder
+def stage(session: nox.Session, script: str, *args: str) -> None:
+    """Run pipeline/<script> in your Python. When it fails, nox exits with the stage's own
+    code (1 invalid, 2 bad input or refused, 3 out of memory: see README), not a generic 1."""
+    try:
+        session.run(gpu_python(session), str(PIPELINE / script), *args, external=True)
+    except nox.command.CommandFailed as failed:
+        raise SystemExit(failed.return_code) from None
 
 
 @nox.session(venv_backend="none")
 def measure(session: nox.Session) -> None:
-    """Measure on a GPU into a new runs/<id>/: `-- --device cuda:0 [measure flags]`."""
-    args = list(session.posargs)
-    if "--device" not in args:
-        session.error("Usage: nox -s measure -- --device cuda:N [--batch B --context C ...]")
-    if "--output" in args:
-        session.error("Usage: the pipeline names its outputs; drop --output")
-    device = args[args.index("--device") + 1] if args.index("--device") + 1 < len(args) else ""
-    python = gpu_python(session)
-    script = str(PIPELINE / "mesure_memoire.py")
-    folder = new_run_folder()
-    session.log(f"run folder {folder.relative_to(ROOT)}")
-    session.run(
-        python,
-        script,
-        "environment",
-        "--device",
-        device,
-        "--output",
-        str(folder / "environment.json"),
-        external=True,
-    )
-    session.run(
-        python,
-        script,
-        "measure",
-        *args,
-        "--output",
-        str(folder / "measurement.json"),
-        external=True,
-        success_codes=[0, 3],
-    )
-    session.run(python, str(PIPELINE / "validate.py"), str(folder), external=True)
+    """Measure into new runs/<id>/ folders, validate, log: `-- --device cuda:N|all [flags]`."""
+    if not any(arg.split("=")[0] == "--device" for arg in session.posargs):
+        session.error("Usage: nox -s measure -- --device cuda:N|all [--batch B --context C ...]")
+    # Another runs directory, for benchmarks and tests; read here only, passed on explicitly.
+    runs_dir = os.environ.get("ITERAGPU_RUNS_DIR")
+    stage(session, "chain.py", *(["--runs-dir", runs_dir] if runs_dir else []), *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def sweep(session: nox.Session) -> None:
+    """Raise one dimension to out-of-memory or a bound: `-- --device cuda:N --vary width ...`."""
+    if not any(arg.split("=")[0] == "--device" for arg in session.posargs):
+        session.error(
+            "Usage: nox -s sweep -- --device cuda:N (--plan data/plans/X.yaml | --vary "
+            "width|batch|context --start N --factor F "
+            "--until-oom|--max-steps K|--memory-fraction X)"
+        )
+    runs_dir = os.environ.get("ITERAGPU_RUNS_DIR")
+    stage(session, "sweep.py", *(["--runs-dir", runs_dir] if runs_dir else []), *session.posargs)
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """Draw memory, sweep and cost pictures (matplotlib) into run folders: `-- RUN_DIR...`."""
+    if not session.posargs:
+        session.error("Usage: nox -s report -- RUN_DIR... [--days 7 --accepted-results N]")
+    session.install(*nox.project.dependency_groups(PYPROJECT, "report"))
+    try:
+        session.run("python", str(PIPELINE / "report.py"), *session.posargs)
+    except nox.command.CommandFailed as failed:
+        raise SystemExit(failed.return_code) from None
+
+
+@nox.session(venv_backend="none")
+def validate(session: nox.Session) -> None:
+    """Check artefacts, run folders or results logs against schemas/: `-- PATH...`."""
+    if not session.posargs:
+        session.error("Usage: nox -s validate -- runs/<run-id>/ FILE.json LOG.csv ...")
+    stage(session, "validate.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def record(session: nox.Session) -> None:
+    """Append validated runs to runs/resultats-bruts.csv: `-- RUN_DIR... [quality flags]`."""
+    if not session.posargs:
+        session.error("Usage: nox -s record -- runs/<run-id>/ [--useful-work N ...]")
+    stage(session, "record.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def merge(session: nox.Session) -> None:
+    """Unite results logs of several machines: `-- A.csv B.csv ... --output NEW.csv`."""
+    if "--output" not in session.posargs:
+        session.error("Usage: nox -s merge -- A.csv B.csv ... --output NEW.csv")
+    stage(session, "merge.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def cost(session: nox.Session) -> None:
+    """Price a rental package (standard library only): `-- --gpu b200 --days 7 --lots 2`."""
+    if not session.posargs:
+        session.error("Usage: nox -s cost -- --gpu ID --days 3|7|30 [--lots N] [...]")
+    stage(session, "calcul_forfaits.py", *session.posargs)
+
+
+def kit_stage(session: nox.Session, script: str, *args: str) -> None:
+    """Run a kit stage (archive, verify) in this session's reused venv. The `pipeline` pins
+    are installed once: a stamp file of them lets later calls skip pip entirely, so that
+    `nox -s verify` costs nox's start-up plus verify itself. Exits with the stage's code."""
+    pins = nox.project.dependency_groups(PYPROJECT, "pipeline")
+    stamp = Path(session.virtualenv.location) / "iteragpu-pipeline-pins.txt"
+    wanted = "\n".join(pins) + "\n"
+    if not stamp.is_file() or stamp.read_text(encoding="utf-8") != wanted:
+        session.install(*pins)
+        stamp.write_text(wanted, encoding="utf-8")
+    try:
+        session.run("python", str(PIPELINE / script), *args)
+    except nox.command.CommandFailed as failed:
+        raise SystemExit(failed.return_code) from None
+
+
+@nox.session
+def archive(session: nox.Session) -> None:
+    """Build dist/iteragpu-lab-v1.zip and MANIFEST.json, reproducibly; no GPU; no overwrite."""
+    kit_stage(session, "archive.py", *session.posargs)
+
+
+@nox.session
+def verify(session: nox.Session) -> None:
+    """Check the kit against MANIFEST.json: the repo's members, or `-- ZIP_OR_FOLDER`."""
+    kit_stage(session, "verify.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def notebook(session: nox.Session) -> None:
+    """Regenerate data/mesure-memoire.ipynb from mesure_memoire.py (`-- --check`: compare)."""
+    stage(session, "make_notebook.py", *session.posargs)

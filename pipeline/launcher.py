@@ -27,6 +27,16 @@ FORKED = "forked from a server that had imported torch and never initialised CUD
 FRESH = "fresh interpreter"
 
 
+def _count_gpus(connection) -> None:
+    """Runs in a forked child: the parent must never ask torch.cuda itself."""
+    import torch
+
+    connection.send(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+COUNT_GPUS = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+
+
 def _child(argv: list[str]) -> None:
     """Runs in the forked child: the kit script's own main, nothing else."""
     import mesure_memoire
@@ -65,6 +75,25 @@ class Launcher:
 
     def run(self, argv: list[str]) -> int:
         return self.start(argv).wait()
+
+    def count_gpus(self) -> int | None:
+        """GPUs PyTorch sees, counted in a child; None when the child could not say."""
+        if self.context is None:
+            probe = subprocess.run(
+                [sys.executable, "-c", COUNT_GPUS], capture_output=True, text=True
+            )
+            text = probe.stdout.strip()
+            return int(text) if probe.returncode == 0 and text.isdigit() else None
+        receiver, sender = self.context.Pipe(duplex=False)
+        process = self.context.Process(target=_count_gpus, args=(sender,))
+        process.start()
+        sender.close()
+        try:
+            return receiver.recv()
+        except EOFError:
+            return None
+        finally:
+            process.join()
 
 
 class _Fresh:

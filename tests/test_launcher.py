@@ -66,10 +66,19 @@ def test_without_fork_each_command_is_a_fresh_interpreter(tmp_path):
 
 def test_only_the_forked_child_touches_torch():
     """torch.cuda.is_available() and friends initialise the driver: CUDA then breaks in every
-    later fork. Only `_child`, which runs after the fork, may name torch."""
+    later fork. Only `_child` and `_count_gpus`, run after the fork, may name torch."""
     tree = ast.parse((PIPELINE / "launcher.py").read_text())
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name != "_child":
+        if isinstance(node, ast.FunctionDef) and node.name not in {"_child", "_count_gpus"}:
             names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
             imports = {a.name for n in ast.walk(node) if isinstance(n, ast.Import) for a in n.names}
             assert "torch" not in names | imports, node.name
+
+
+def test_gpus_are_counted_in_a_child():
+    result = launch("""
+        import launcher
+        print(launcher.Launcher().count_gpus(), launcher.Launcher(fork=False).count_gpus())
+        print("torch" in sys.modules)
+    """)
+    assert result.stdout.split() == ["0", "0", "False"], result.stderr

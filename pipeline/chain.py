@@ -1,0 +1,174 @@
+"""The measure chain: environment capture -> measurement -> validation and log, per run folder.
+
+    python pipeline/chain.py --device cuda:0 [measure flags] [--runs-dir DIR]
+    python pipeline/chain.py --device all [measure flags]
+
+`nox -s measure` runs this file with your Python. The measure flags are those of
+`mesure_memoire.py measure` (none: the spec's small first configuration); they are checked
+before anything is created. Then, in a new run folder <runs>/<UTC time>-<random>/:
+
+1. `mesure_memoire.py environment` writes environment.json (a fresh process);
+2. `mesure_memoire.py measure` writes measurement.json (a fresh process, as the spec asks:
+   its CUDA context and allocator counters start from zero);
+3. record.py, imported here, validates both files and appends one row to
+   <runs>/resultats-bruts.csv: two interpreters fewer than running them as scripts.
+
+A failed step stops the chain with that step's exit code and leaves what was written. An
+out-of-memory measurement (exit 3) is a result: it is validated and recorded, then the chain
+exits 3. A chain that stops early keeps its folder when anything is in it (environment.json
+says why the GPU was unusable) and removes it when empty; it appends nothing to the log.
+
+--device all runs one chain per GPU that PyTorch sees, side by side, each step a fresh
+process given --device cuda:N (the real index, so each row names its GPU) and each chain its
+own run folder; it waits for all and exits with the worst code.
+
+Fresh processes come from launcher.py: a forkserver imports torch once per chain, and each
+step is a child forked from it with its own CUDA context and allocator. This process never
+imports torch and never initialises CUDA (a forked child counts the GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import launcher
+import mesure_memoire
+
+import runs
+
+PIPELINE = Path(__file__).resolve().parent
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line, without the usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise mesure_memoire.UsageError(message)
+
+
+def say(message: str) -> None:
+    print(f"chain.py: {message}", flush=True)  # flushed: the children write to the same stream
+
+
+def check_measure_flags(flags: list[str]) -> None:
+    """Bad flags fail here, before a run folder exists, with the kit script's own message."""
+    if any(flag == "--output" or flag.startswith("--output=") for flag in flags):
+        raise mesure_memoire.UsageError("the chain names its outputs: drop --output")
+    mesure_memoire.build_parser().parse_args(
+        ["measure", "--device", "cuda:0", *flags, "--output", "unused"]
+    )
+
+
+_LAUNCHER: list = []
+
+
+def launcher_instance() -> launcher.Launcher:
+    """One forkserver per chain, started on first use (after the flags were checked)."""
+    if not _LAUNCHER:
+        _LAUNCHER.append(launcher.Launcher())
+    return _LAUNCHER[0]
+
+
+def run_steps(commands: list[list[str]]) -> list[int]:
+    """Kit commands side by side, each a fresh process forked with torch already imported;
+    all are started from this thread, then waited for."""
+    handles = [launcher_instance().start(argv) for argv in commands]
+    return [handle.wait() for handle in handles]
+
+
+def stop(folder: Path, why: str, code: int) -> int:
+    try:
+        folder.rmdir()  # only an empty folder: evidence is never deleted
+        where = f"the empty {folder} was removed"
+    except OSError:
+        where = f"{folder} keeps what was written"
+    print(f"chain.py: {why}: nothing recorded; {where}", file=sys.stderr)
+    return code
+
+
+def run_chains(devices: list[str], flags: list[str], runs_dir: Path) -> list[int]:
+    """One chain per device, step by step side by side; returns each chain's exit code."""
+    folders = {device: runs.new_run_folder(runs_dir) for device in devices}
+    for device, folder in folders.items():
+        say(f"{device}: run folder {folder}")
+    codes = dict.fromkeys(devices, 0)
+    try:
+        steps = [
+            ["environment", "--device", d, "--output", f"{folders[d]}/environment.json"]
+            for d in devices
+        ]
+        for device, code in zip(devices, run_steps(steps), strict=True):
+            if code != 0:
+                codes[device] = stop(folders[device], f"environment exited {code}", code)
+        going = [d for d in devices if codes[d] == 0]
+        steps = [
+            ["measure", "--device", d, *flags, "--output", f"{folders[d]}/measurement.json"]
+            for d in going
+        ]
+        for device, code in zip(going, run_steps(steps), strict=True):
+            codes[device] = code
+            if code not in (0, mesure_memoire.EXIT_OOM):
+                codes[device] = stop(folders[device], f"measure exited {code}", code)
+    except KeyboardInterrupt:
+        return [stop(folder, "interrupted", 130) for folder in folders.values()]
+    import record  # jsonschema only now: the GPU steps above did not wait for it
+
+    for device in devices:
+        if codes[device] in (0, mesure_memoire.EXIT_OOM):
+            codes[device] = record.main([str(folders[device])]) or codes[device]
+    return [codes[device] for device in devices]
+
+
+def visible_gpus() -> int:
+    """How many GPUs PyTorch sees, asked of a forked child: this process never initialises
+    CUDA, which would break every later fork."""
+    count = launcher_instance().count_gpus()
+    if count is None:
+        raise mesure_memoire.UsageError("--device all: PyTorch could not count GPUs")
+    return count
+
+
+def worst(codes: list[int]) -> int:
+    """0 < 3 (out of memory, recorded) < a failure; among failures, the highest code."""
+    return max(codes, key=lambda code: (code not in (0, mesure_memoire.EXIT_OOM), code))
+
+
+def run_all(flags: list[str], runs_dir: Path) -> int:
+    count = visible_gpus()
+    if count == 0:
+        raise mesure_memoire.UsageError("--device all: no GPU is visible to PyTorch")
+    say(f"all: {count} GPU(s), one chain each, side by side")
+    codes = run_chains([f"cuda:{i}" for i in range(count)], flags, runs_dir)
+    say(f"all: exit codes {codes}")
+    return worst(codes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="chain.py", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--device", required=True, help="cuda:N, cuda, or all")
+    parser.add_argument("--runs-dir", type=Path, default=runs.RUNS, help="default: runs/")
+    try:
+        args, flags = parser.parse_known_args(argv)
+        if args.device != "all":
+            try:
+                mesure_memoire.device_index(args.device)
+            except argparse.ArgumentTypeError as exc:
+                raise mesure_memoire.UsageError(f"argument --device: {exc}") from None
+        check_measure_flags(flags)
+        if not args.runs_dir.is_dir():
+            raise mesure_memoire.UsageError(f"{args.runs_dir} is not an existing folder")
+        if args.device == "all":
+            return run_all(flags, args.runs_dir)
+        return run_chains([args.device], flags, args.runs_dir)[0]
+    except (mesure_memoire.UsageError, OSError) as exc:
+        print(f"chain.py: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("chain.py: interrupted: every file written is whole", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""The runs directory and its run ids: one folder per run, runs/<UTC time>-<random>/.
+
+An id sorts by time (the UTC second the run started) and carries a random part, so runs
+started in the same second, on one machine or many, never share a name. Folders are created
+exclusively: an id is never reused and a folder never replaced. The results log,
+resultats-bruts.csv, sits beside the run folders it records.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import secrets
+from pathlib import Path
+
+RUNS = Path(__file__).resolve().parent.parent / "runs"
+LOG_NAME = "resultats-bruts.csv"
+RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}")
+
+
+def new_run_id() -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def new_run_folder(runs_dir: Path = RUNS) -> Path:
+    """A new, empty run folder; an id already taken is drawn again, never reused."""
+    for _ in range(10):
+        folder = runs_dir / new_run_id()
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise FileExistsError(f"{runs_dir}: ten new run ids in a row were taken")

@@ -1,0 +1,319 @@
+"""The measure chain end to end: on CPU with a real torch up to where it must stop (the
+measurement, exit 2, nothing appended); on a GPU (marked `gpu`) all the way to the log.
+Run folders go to pytest tmp dirs through --runs-dir or ITERAGPU_RUNS_DIR, never to runs/."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import chain
+import pytest
+import runfixtures
+import validate
+from conftest import PIPELINE, ROOT, cuda_available, run_script
+
+import runs
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_NOX = importlib.util.find_spec("nox") is not None
+REGISTRY = validate.load_registry()
+needs_cpu_torch = pytest.mark.skipif(
+    not HAS_TORCH or cuda_available(), reason="needs a torch that sees no GPU"
+)
+needs_nox = pytest.mark.skipif(not HAS_NOX, reason="nox is not installed here")
+
+
+def nox(*args: str, runs_dir=None) -> subprocess.CompletedProcess:
+    """nox with this Python as the GPU Python; its output and the stages' in .stdout (nox
+    passes a command's stderr through on its stdout)."""
+    env = {**os.environ, "ITERAGPU_PYTHON": sys.executable}
+    if runs_dir is not None:
+        env["ITERAGPU_RUNS_DIR"] = str(runs_dir)
+    command = [sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), *args]
+    return subprocess.run(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=300
+    )
+
+
+def folders(runs_dir) -> list:
+    return sorted(p for p in runs_dir.iterdir() if p.is_dir())
+
+
+# ------------------------------------------------------------------ on CPU
+
+
+@needs_cpu_torch
+@needs_nox
+def test_the_chain_stops_at_the_measurement_without_a_gpu(tmp_path):
+    """nox -s measure, for real: environment.json is written and kept (it says why), the
+    measurement refuses with exit 2, and the log already there keeps its bytes."""
+    runs_dir = tmp_path / "runs"
+    earlier = runfixtures.make_run(runs_dir, 1)
+    assert run_script("record.py", str(earlier)).returncode == 0
+    log = runs_dir / runs.LOG_NAME
+    before = log.read_bytes()
+    result = nox("-s", "measure", "--", "--device", "cuda:0", runs_dir=runs_dir)
+    assert result.returncode == 2, result.stdout
+    assert "mesure_memoire.py: error: no GPU is visible to PyTorch" in result.stdout
+    assert "chain.py: measure exited 2: nothing recorded;" in result.stdout
+    [kept] = [folder for folder in folders(runs_dir) if folder != earlier]
+    assert runs.RUN_ID.fullmatch(kept.name)
+    assert sorted(p.name for p in kept.iterdir()) == ["environment.json"]
+    environment = json.loads((kept / "environment.json").read_bytes())
+    assert environment["environment"]["gpu"]["available"] is False
+    assert environment["environment"]["python"]["version"] == ".".join(
+        map(str, sys.version_info[:3])
+    )
+    assert validate.validate_json((kept / "environment.json").read_bytes(), REGISTRY) == []
+    assert log.read_bytes() == before
+
+
+@needs_cpu_torch
+def test_one_fresh_chain_per_gpu_side_by_side(tmp_path, monkeypatch):
+    """--device all with two GPUs pretended: two real child chains, cuda:0 and cuda:1, each
+    with its own folder; both stop at the measurement here, and the worst code comes back."""
+    monkeypatch.setattr(chain, "visible_gpus", lambda: 2)
+    code = chain.main(["--device", "all", "--runs-dir", str(tmp_path), "--width", "32"])
+    assert code == 2
+    made = folders(tmp_path)
+    assert len(made) == 2
+    devices = sorted(
+        json.loads((folder / "environment.json").read_bytes())["environment"]["requested_device"]
+        for folder in made
+    )
+    assert devices == ["cuda:0", "cuda:1"]
+    assert not (tmp_path / runs.LOG_NAME).exists()
+
+
+@needs_cpu_torch
+def test_device_all_without_a_gpu_is_one_line_and_creates_nothing(tmp_path):
+    result = run_script("chain.py", "--device", "all", "--runs-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr == "chain.py: error: --device all: no GPU is visible to PyTorch\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def replay_h200(monkeypatch, measurement: str, code: int) -> None:
+    """The GPU steps replaced by the real H200 outputs they gave (exit codes included)."""
+
+    def run_steps(commands: list[list[str]]) -> list[int]:
+        codes = []
+        for command, *argv in commands:
+            output = argv[argv.index("--output") + 1]
+            fixture = "env" if command == "environment" else measurement
+            shutil.copyfile(runfixtures.H200 / f"{fixture}.json", output)
+            codes.append(0 if command == "environment" else code)
+        return codes
+
+    monkeypatch.setattr(chain, "run_steps", run_steps)
+
+
+@pytest.mark.parametrize(("measurement", "code"), [("small", 0), ("oom", 3)])
+def test_after_the_measurement_the_chain_validates_and_records(
+    tmp_path, monkeypatch, measurement, code
+):
+    replay_h200(monkeypatch, measurement, code)
+    assert chain.main(["--device", "cuda:0", "--runs-dir", str(tmp_path)]) == code
+    [folder] = folders(tmp_path)
+    parsed, problems = validate.parse_log(
+        (tmp_path / runs.LOG_NAME).read_bytes(), validate.kit_header()
+    )
+    assert problems == []
+    [(_, row)] = parsed
+    assert row["run_id"] == folder.name
+    assert row["status"] == ("completed" if code == 0 else "out_of_memory")
+
+
+def test_an_invalid_measurement_stops_the_chain_with_exit_1_and_keeps_the_files(
+    tmp_path, monkeypatch
+):
+    replay_h200(monkeypatch, "env", 0)  # an environment record where the measurement should be
+    assert chain.main(["--device", "cuda:0", "--runs-dir", str(tmp_path)]) == 1
+    [folder] = folders(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["environment.json", "measurement.json"]
+    assert not (tmp_path / runs.LOG_NAME).exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--device", "cuda:0", "--batch", "0"], "argument --batch: expected a positive integer"),
+        (["--device", "cuda:0", "--dtype", "float64"], "argument --dtype: invalid choice"),
+        (["--device", "cuda:0", "--output", "x.json"], "the chain names its outputs"),
+        (["--device", "cpu"], "argument --device: expected a GPU device"),
+        (["--device", "cuda:0", "--colour", "red"], "unrecognized arguments: --colour red"),
+        ([], "the following arguments are required: --device"),
+    ],
+    ids=["batch", "dtype", "output", "cpu", "unknown", "no-device"],
+)
+def test_bad_input_stops_before_a_run_folder_exists(tmp_path, argv, message):
+    result = run_script("chain.py", *argv, "--runs-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert message in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_runs_directory_is_refused(tmp_path):
+    result = run_script("chain.py", "--device", "cuda:0", "--runs-dir", str(tmp_path / "no"))
+    assert result.returncode == 2
+    assert result.stderr == f"chain.py: error: {tmp_path / 'no'} is not an existing folder\n"
+
+
+def test_a_run_folder_is_never_reused(tmp_path, monkeypatch):
+    taken = tmp_path / runfixtures.run_id(1)
+    taken.mkdir()
+    (taken / "measurement.json").write_bytes(b"evidence")
+    ids = iter([taken.name, taken.name, runfixtures.run_id(2)])
+    monkeypatch.setattr(runs, "new_run_id", lambda: next(ids))
+    assert runs.new_run_folder(tmp_path) == tmp_path / runfixtures.run_id(2)
+    assert (taken / "measurement.json").read_bytes() == b"evidence"
+    monkeypatch.setattr(runs, "new_run_id", lambda: taken.name)
+    with pytest.raises(FileExistsError):
+        runs.new_run_folder(tmp_path)
+
+
+def test_run_ids_sort_by_time_and_match_the_row_schema():
+    first, second = runs.new_run_id(), runs.new_run_id()
+    assert runs.RUN_ID.fullmatch(first)
+    assert first[:16] <= second[:16]
+    schema = json.loads((ROOT / "schemas" / "results-row.schema.json").read_text())
+    assert schema["properties"]["run_id"]["pattern"] == f"^{runs.RUN_ID.pattern}$"
+
+
+@pytest.mark.parametrize(
+    ("codes", "worst"),
+    [([0, 0], 0), ([0, 3], 3), ([3, 2, 0], 2), ([1, 2], 2), ([137, 2], 137), ([3, 1], 1)],
+)
+def test_the_worst_exit_code_wins(codes, worst):
+    assert chain.worst(codes) == worst
+
+
+def test_the_stages_start_without_torch_or_yaml():
+    """They run after every measurement: start-up stays small."""
+    program = (
+        f"import sys; sys.path.insert(0, {str(PIPELINE)!r})\n"
+        "import chain, record, merge, validate, runs\n"
+        "print(sorted({'torch', 'yaml'} & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert result.stdout == "[]\n", result.stderr
+
+
+@needs_nox
+def test_nox_lists_every_stage_with_its_one_line_description():
+    result = nox("-l")
+    assert result.returncode == 0
+    for name in ("measure", "environment", "validate", "record", "cost", "estimate", "merge"):
+        [line] = [ln for ln in result.stdout.splitlines() if ln.startswith(f"- {name} -> ")]
+        assert len(line) > len(f"- {name} -> ") + 20
+
+
+@needs_nox
+def test_a_stage_exit_code_comes_out_of_nox(tmp_path):
+    result = nox("-s", "record", "--", str(tmp_path / "not-a-run"))
+    assert result.returncode == 2
+    assert "record.py: error: " in result.stdout
+
+
+@needs_nox
+def test_the_benchmark_runs_its_rounds_in_a_scratch_runs_directory(tmp_path):
+    """With a stand-in Python that succeeds at everything, the benchmark's own logic runs
+    without a GPU: rounds, medians and both ratios; the real runs/ is untouched."""
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    before = sorted(runs.RUNS.iterdir())
+    bench = str(ROOT / "tests" / "benchmarks" / "bench_measure_chain.py")
+    env = {**os.environ, "ITERAGPU_PYTHON": str(fake)}
+    result = subprocess.run(
+        [sys.executable, bench, "--rounds", "2"], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == ["round 1", "round 2"]
+    assert lines[2].startswith("medians of 2 rounds on cuda:0")
+    assert lines[3].startswith("a/c = ")
+    assert lines[4].startswith("b/c = ")
+    assert sorted(runs.RUNS.iterdir()) == before
+
+
+@needs_cpu_torch
+def test_the_benchmark_without_a_gpu_is_one_line_and_exit_2():
+    bench = str(ROOT / "tests" / "benchmarks" / "bench_measure_chain.py")
+    env = {**os.environ, "ITERAGPU_PYTHON": sys.executable}
+    if not HAS_NOX:
+        pytest.skip("the benchmark checks for nox first")
+    result = subprocess.run([sys.executable, bench], capture_output=True, text=True, env=env)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("bench_measure_chain.py: error: no usable GPU")
+
+
+# ------------------------------------------------------------------ on a GPU
+
+
+def the_row(runs_dir, folder) -> dict:
+    parsed, problems = validate.parse_log(
+        (runs_dir / runs.LOG_NAME).read_bytes(), validate.kit_header()
+    )
+    assert problems == []
+    [row] = [row for _, row in parsed if row["run_id"] == folder.name]
+    return row
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_chain_records_one_row(tmp_path):
+    result = run_script("chain.py", "--device", "cuda:0", "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [folder] = folders(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["environment.json", "measurement.json"]
+    assert run_script("validate.py", str(folder)).returncode == 0
+    measurement = json.loads((folder / "measurement.json").read_bytes())
+    row = the_row(tmp_path, folder)
+    assert row["status"] == "completed"
+    assert row["device"] == "cuda:0"
+    assert row["gpu_name"] == measurement["environment"]["gpu"]["name"]
+    assert (row["batch"], row["context"], row["width"], row["repeats"]) == ("1", "16", "64", "2")
+    assert row["largest_peak_allocated_bytes"] == str(
+        measurement["summary"]["largest_peak_allocated_bytes"]
+    )
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_an_out_of_memory_run_is_recorded_and_exits_3(tmp_path):
+    argv = ["--device", "cuda:0", "--context", "1000000000", "--runs-dir", str(tmp_path)]
+    result = run_script("chain.py", *argv)
+    assert result.returncode == 3, result.stderr
+    [folder] = folders(tmp_path)
+    row = the_row(tmp_path, folder)
+    assert (row["status"], row["failed_phase"]) == ("out_of_memory", "inputs")
+
+
+@pytest.mark.gpu
+@needs_nox
+def test_on_a_gpu_nox_measure_uses_the_runs_directory_it_is_given(tmp_path):
+    before = sorted(runs.RUNS.iterdir())
+    result = nox("-s", "measure", "--", "--device", "cuda:0", "--width", "128", runs_dir=tmp_path)
+    assert result.returncode == 0, result.stdout
+    [folder] = folders(tmp_path)
+    assert the_row(tmp_path, folder)["width"] == "128"
+    assert sorted(runs.RUNS.iterdir()) == before
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_device_all_gives_one_row_per_gpu(tmp_path):
+    count = chain.visible_gpus()
+    result = run_script("chain.py", "--device", "all", "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    made = folders(tmp_path)
+    assert len(made) == count
+    rows = [the_row(tmp_path, folder) for folder in made]
+    assert sorted(row["device"] for row in rows) == [f"cuda:{i}" for i in range(count)]
+    assert run_script("validate.py", str(tmp_path / runs.LOG_NAME)).returncode == 0

@@ -1,0 +1,161 @@
+"""merge.py: one log from many machines; rows re-validated, deduplicated, conflicts refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import merge
+import pytest
+import runfixtures
+import validate
+from conftest import run_script
+from hypothesis import given
+from hypothesis import strategies as st
+
+FIXTURES = ("small", "large", "bf16", "oom")
+
+
+def rows(*numbers: int) -> list[dict]:
+    return [runfixtures.make_row(n, FIXTURES[n % 4]) for n in numbers]
+
+
+def write_log(path, row_list):
+    path.write_bytes(runfixtures.log_bytes(row_list))
+    return path
+
+
+def logged(path) -> list[dict]:
+    parsed, problems = validate.parse_log(path.read_bytes(), validate.kit_header())
+    assert problems == []
+    return [row for _, row in parsed]
+
+
+def test_logs_of_two_machines_become_one_sorted_log(tmp_path):
+    a = write_log(tmp_path / "a.csv", rows(3, 1))
+    b = write_log(tmp_path / "b.csv", rows(2, 3))
+    before = a.read_bytes(), b.read_bytes()
+    out = tmp_path / "team.csv"
+    result = run_script("merge.py", str(a), str(b), "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{out}: 3 runs from 2 logs (4 rows read)\n"
+    assert logged(out) == rows(1, 2, 3)
+    assert (a.read_bytes(), b.read_bytes()) == before
+    assert run_script("validate.py", str(out)).returncode == 0
+
+
+def test_a_conflicting_duplicate_is_refused_and_nothing_is_written(tmp_path):
+    changed = rows(2)[0] | {"largest_peak_reserved_bytes": "1"}
+    a = write_log(tmp_path / "a.csv", rows(1, 2))
+    b = write_log(tmp_path / "b.csv", [changed])
+    out = tmp_path / "team.csv"
+    result = run_script("merge.py", str(a), str(b), "--output", str(out))
+    assert result.returncode == 1
+    assert (
+        f"{b}: line 2: $.run_id: {runfixtures.run_id(2)} differs from {a}: line 3" in result.stderr
+    )
+    assert not out.exists()
+
+
+def test_every_row_is_validated_again(tmp_path):
+    bad = rows(5)[0] | {"batch": "0"}
+    a = write_log(tmp_path / "a.csv", rows(1))
+    b = write_log(tmp_path / "b.csv", [*rows(4), bad])
+    out = tmp_path / "team.csv"
+    result = run_script("merge.py", str(a), str(b), "--output", str(out))
+    assert result.returncode == 1
+    assert f"{b}: line 3: $.batch: '0' does not match" in result.stderr
+    assert not out.exists()
+
+
+def test_a_file_that_is_not_a_results_log_is_refused(tmp_path):
+    a = tmp_path / "tariffs.csv"
+    a.write_text("gpu,name\nb200,NVIDIA B200\n")
+    result = run_script("merge.py", str(a), "--output", str(tmp_path / "team.csv"))
+    assert result.returncode == 1
+    assert f"{a}: line 1: not the header of resultats-bruts.csv" in result.stderr
+
+
+def test_an_existing_output_is_refused_and_keeps_its_bytes(tmp_path):
+    a = write_log(tmp_path / "a.csv", rows(1))
+    out = tmp_path / "team.csv"
+    out.write_bytes(b"earlier merge\n")
+    result = run_script("merge.py", str(a), "--output", str(out))
+    assert result.returncode == 2
+    assert (
+        result.stderr == f"merge.py: error: {out} already exists: a merge writes a new file only\n"
+    )
+    assert out.read_bytes() == b"earlier merge\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["missing.csv", "--output", "new.csv"], ["a.csv"], ["--output", "new.csv"]],
+    ids=["missing-input", "no-output", "no-input"],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, argv):
+    write_log(tmp_path / "a.csv", rows(1))
+    result = run_script("merge.py", *argv, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("merge.py: error: ")
+    assert not (tmp_path / "new.csv").exists()
+
+
+def test_a_copy_with_its_quality_columns_filled_wins(tmp_path):
+    repo = runfixtures.repo_copy(tmp_path)
+    protocol = repo / "data" / "protocole-qualite.md"
+    empty = runfixtures.make_row(1, protocol=protocol)
+    judged = empty | {"useful_work": "40", "accepted_results": "38", "threshold_met": "yes"}
+    machine = write_log(
+        tmp_path / "machine.csv", [empty, runfixtures.make_row(2, protocol=protocol)]
+    )
+    sheet = write_log(tmp_path / "sheet.csv", [judged])
+    script = str(repo / "pipeline" / "merge.py")
+    out = tmp_path / "team.csv"
+    for order in ([machine, sheet], [sheet, machine]):
+        out.unlink(missing_ok=True)
+        argv = [sys.executable, script, *map(str, order), "--output", str(out)]
+        result = subprocess.run(argv, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert logged(out)[0] == judged
+    other = write_log(tmp_path / "other.csv", [judged | {"accepted_results": "39"}])
+    argv = [sys.executable, script, str(sheet), str(other), "--output", str(tmp_path / "x.csv")]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "differs from" in result.stderr
+
+
+def test_quality_judged_under_a_blank_protocol_is_refused(tmp_path):
+    judged = rows(1)[0] | {"useful_work": "40", "accepted_results": "38", "threshold_met": "yes"}
+    a = write_log(tmp_path / "a.csv", [judged])
+    result = run_script("merge.py", str(a), "--output", str(tmp_path / "team.csv"))
+    assert result.returncode == 1
+    assert "$.useful_work: the protocol's decisions are still blank" in result.stderr
+
+
+QUALITY = {"useful_work": "10", "accepted_results": "10", "threshold_met": "yes"}
+
+
+@given(
+    copies=st.lists(
+        st.tuples(st.integers(0, 11), st.booleans(), st.integers(0, 3)), min_size=1, max_size=30
+    )
+)
+def test_merging_is_a_union_whatever_the_split_and_the_order(copies):
+    """Each copy: (run, quality filled?, which log it lands in). The result holds each run
+    once, sorted, and filled wherever any copy was filled, however the copies are spread."""
+    base = {n: runfixtures.make_row(n, FIXTURES[n % 4]) for n in range(12)}
+    logs = {i: [] for i in range(4)}
+    for n, filled, where in copies:
+        row = base[n] | QUALITY if filled else dict(base[n])
+        logs[where].append((len(logs[where]) + 2, row))
+    merged, conflicts = merge.merge_rows([(str(i), logs[i]) for i in logs])
+    reordered, _ = merge.merge_rows([(str(i), logs[i]) for i in reversed(logs)])
+    assert conflicts == []
+    assert merged == reordered
+    wanted = sorted({n for n, _, _ in copies})
+    assert [row["run_id"] for row in merged] == [runfixtures.run_id(n) for n in wanted]
+    for row, n in zip(merged, wanted, strict=True):
+        filled = any(f for m, f, _ in copies if m == n)
+        assert row == (base[n] | QUALITY if filled else base[n])
