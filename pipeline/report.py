@@ -45,8 +45,13 @@ def label(row: dict) -> str:
     return row["phase"] + (f" {row['repetition']}" if "repetition" in row else "")
 
 
+def unit(largest: int) -> tuple[int, str]:
+    return (GIB, "GiB") if largest >= GIB else (2**20, "MiB")
+
+
 def run_picture(document: dict, title: str):
     phases = document["phases"]
+    scale, name = unit(max(row["peak_reserved_bytes"] for row in phases))
     figure, axes = plt.subplots(figsize=(max(8, 1.3 * len(phases)), 4.8))
     width = 0.13
     colours = ["#9ecae1", "#4292c6", "#08519c", "#fdae6b", "#f16913", "#a63603"]
@@ -54,7 +59,7 @@ def run_picture(document: dict, title: str):
         xs = [p + (i - 2.5) * width for p in range(len(phases))]
         axes.bar(
             xs,
-            [row[key] / GIB for row in phases],
+            [row[key] / scale for row in phases],
             width,
             label=key.replace("_bytes", ""),
             color=colours[i],
@@ -62,7 +67,7 @@ def run_picture(document: dict, title: str):
         if "allocated" in key and all("predicted" in row for row in phases):
             axes.scatter(
                 xs,
-                [row["predicted"][key] / GIB for row in phases],
+                [row["predicted"][key] / scale for row in phases],
                 marker="_",
                 s=200,
                 color="black",
@@ -70,7 +75,7 @@ def run_picture(document: dict, title: str):
                 label="predicted" if key == "baseline_allocated_bytes" else None,
             )
     axes.set_xticks(range(len(phases)), [label(row) for row in phases], rotation=20)
-    axes.set_ylabel("GiB (PyTorch allocator, this process, this GPU)")
+    axes.set_ylabel(f"{name} (PyTorch allocator, this process, this GPU)")
     axes.set_title(title, fontsize=9)
     axes.legend(fontsize=7, ncol=2)
     figure.tight_layout()
