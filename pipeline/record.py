@@ -179,7 +179,7 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
         problems = validate.validate_json(environment.read_bytes(), registry)
         errors += [f"{environment}: {error}" for error in problems]
     measurement = None if errors else json.loads(data)
-    if measurement is not None and measurement["schema"] != validate.MEASUREMENT:
+    if measurement is not None and measurement["schema"] not in validate.MEASUREMENTS:
         errors.append(f"{path}: $.schema: {measurement['schema']!r} is not a measurement")
     if errors:
         print("\n".join(errors), file=sys.stderr)

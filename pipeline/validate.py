@@ -47,7 +47,7 @@ SCHEMAS = ROOT / "schemas"
 KIT_GRID = ROOT / "data" / "resultats-bruts.csv"  # the kit's empty grid: the logs' header
 PROTOCOL = ROOT / "data" / "protocole-qualite.md"
 RUN_ARTEFACTS = ("environment.json", "measurement.json")
-MEASUREMENT = "urn:iteragpu-lab:schema:measurement:v1"
+MEASUREMENTS = ("urn:iteragpu-lab:schema:measurement:v1", "urn:iteragpu-lab:schema:measurement:v2")
 RESULTS_ROW = "urn:iteragpu-lab:schema:results-row:v1"
 FIXED_PHASES = ("model_load", "inputs", "cold_forward", "warmup")
 QUALITY = ("useful_work", "accepted_results", "threshold_met")
@@ -198,6 +198,24 @@ def summary_facts(summary: dict, phases: list[dict]) -> list[str]:
     ]
 
 
+def prediction_facts(document: dict) -> list[str]:
+    """Version 2: the summary's differences and each row's overhead follow from the rows."""
+    phases = document["phases"]
+    if "prediction" not in document["summary"]:
+        return []
+    errors = []
+    for i, row in enumerate(phases):
+        if row["harness_overhead_ns"] != row["wall_time_ns"] - row["event_time_ns"]:
+            errors.append(f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns")
+    for key, value in document["summary"]["prediction"]["by_counter"].items():
+        largest = max((abs(row[key] - row["predicted"][key]) for row in phases), default=0)
+        if value != largest:
+            errors.append(
+                f"$.summary.prediction.by_counter.{key}: {value}, the rows give {largest}"
+            )
+    return errors
+
+
 def validate_document(document, registry: Registry) -> list[str]:
     """Schema errors first (with paths); facts only once the shape is known to be right."""
     if not isinstance(document, dict) or not isinstance(document.get("schema"), str):
@@ -207,8 +225,8 @@ def validate_document(document, registry: Registry) -> list[str]:
     errors = schema_errors(document, document["schema"], registry)
     if errors:
         return errors
-    if document["schema"] == MEASUREMENT:
-        return measurement_facts(document)
+    if document["schema"] in MEASUREMENTS:
+        return measurement_facts(document) + prediction_facts(document)
     return []
 
 

@@ -123,7 +123,7 @@ def committed_v2_runs():
     )
 
 
-@pytest.mark.parametrize("path", committed_v2_runs(), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", committed_v2_runs(), ids=lambda p: str(p.relative_to(RUNS)))
 def test_committed_runs_carry_the_prediction_the_model_gives_today(path):
     document = json.loads(path.read_text())
     rows = mm.predict_phases(document["configuration"], document["calibration"]["blocks"])
