@@ -311,21 +311,28 @@ def refuse_existing(path: Path) -> None:
         raise UsageError(f"{path.parent} is not an existing folder")
 
 
-def write_new(path: Path, document: dict) -> None:
+def json_bytes(document: dict) -> bytes:
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def write_new(path: Path, data: bytes) -> None:
     """Whole file or nothing: write a temp file, then link it to a name that must be new."""
-    data = (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        try:
-            os.link(temp, path)
-        except FileExistsError:
-            raise UsageError(f"{path} appeared during the run: it was left untouched") from None
+        os.link(temp, path)  # FileExistsError if the name was taken meanwhile
     finally:
         os.unlink(temp)
+
+
+def write_result(path: Path, document: dict) -> None:
+    try:
+        write_new(path, json_bytes(document))
+    except FileExistsError:
+        raise UsageError(f"{path} appeared during the run: it was left untouched") from None
 
 
 def utc_now() -> str:
@@ -874,7 +881,7 @@ def measure(args: argparse.Namespace) -> int:
         "phases": [],
     }
     exit_code = run_measurement(args, document)
-    write_new(output, document)
+    write_result(output, document)
     print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
     if exit_code == EXIT_OOM:
         failure = document["failure"]
@@ -968,7 +975,7 @@ def main(argv: list[str] | None = None) -> int:
             if output is None:
                 print(json.dumps(document, indent=2, ensure_ascii=False))
             else:
-                write_new(output, document)
+                write_result(output, document)
                 print(f"{output}: environment recorded")
             return EXIT_OK
         return measure(args)

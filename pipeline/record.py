@@ -33,10 +33,10 @@ import json
 import os
 import re
 import sys
-import tempfile
 from decimal import Decimal
 from pathlib import Path
 
+import mesure_memoire
 import validate
 
 import runs
@@ -113,18 +113,7 @@ def csv_line(cells) -> bytes:
 # ---------------------------------------------------------------- files
 
 
-def write_new(path: Path, data: bytes) -> None:
-    """Whole file or nothing, never over an existing one: a temp file, fsync, then os.link to
-    the new name, which fails (FileExistsError) if the name is taken."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.link(temp, path)
-    finally:
-        os.unlink(temp)
+write_new = mesure_memoire.write_new  # whole file or nothing, never over an existing one
 
 
 def read_all(fd: int) -> bytes:

@@ -22,15 +22,9 @@ from pathlib import Path
 PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
 sys.path.insert(0, str(PIPELINE))
 import launcher  # noqa: E402
+import mesure_memoire  # noqa: E402
 
-COUNTERS = (
-    "baseline_allocated_bytes",
-    "baseline_reserved_bytes",
-    "allocated_bytes",
-    "reserved_bytes",
-    "peak_allocated_bytes",
-    "peak_reserved_bytes",
-)
+COUNTERS = mesure_memoire.COUNTER_KEYS
 # (batch, context, width): the spec's two, odd widths, width 1, millions of positions,
 # large matrices; the last one fills most of a 141 GB card (context scaled per dtype).
 GRID = [
