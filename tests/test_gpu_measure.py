@@ -41,7 +41,7 @@ def option(argv, name):
 
 @pytest.mark.parametrize(
     "argv",
-    [SMALL, LARGE, [*SMALL[:-6], "float16", *SMALL[-4:]], [*LARGE[:-6], "bfloat16", *LARGE[-4:]]],
+    [SMALL, LARGE, [*SMALL[:-5], "float16", *SMALL[-4:]], [*LARGE[:-5], "bfloat16", *LARGE[-4:]]],
     ids=["small-float32", "large-float32", "small-float16", "large-bfloat16"],
 )
 def test_spec_commands_give_the_phase_table_and_exact_weight_and_input_bytes(tmp_path, argv):
