@@ -7,9 +7,10 @@
 `mesure_memoire.py measure` (none: the spec's small first configuration); they are checked
 before anything is created. Then, in a new run folder <runs>/<UTC time>-<random>/:
 
-1. `mesure_memoire.py environment` writes environment.json (a fresh process);
-2. `mesure_memoire.py measure` writes measurement.json (a fresh process, as the spec asks:
-   its CUDA context and allocator counters start from zero);
+1. environment capture writes environment.json, then
+2. the measurement writes measurement.json, both by `mesure_memoire.py measure
+   --environment-output` in one fresh process, as the spec asks (its CUDA context and
+   allocator counters start from zero): CUDA start-up is paid once per run;
 3. record.py, imported here, validates both files and appends one row to
    <runs>/resultats-bruts.csv: two interpreters fewer than running them as scripts.
 
@@ -54,8 +55,9 @@ def say(message: str) -> None:
 
 def check_measure_flags(flags: list[str]) -> None:
     """Bad flags fail here, before a run folder exists, with the kit script's own message."""
-    if any(flag == "--output" or flag.startswith("--output=") for flag in flags):
-        raise mesure_memoire.UsageError("the chain names its outputs: drop --output")
+    for name in ("--output", "--environment-output"):
+        if any(flag == name or flag.startswith(f"{name}=") for flag in flags):
+            raise mesure_memoire.UsageError(f"the chain names its outputs: drop {name}")
     mesure_memoire.build_parser().parse_args(
         ["measure", "--device", "cuda:0", *flags, "--output", "unused"]
     )
@@ -89,36 +91,36 @@ def stop(folder: Path, why: str, code: int) -> int:
 
 
 def run_chains(devices: list[str], flags: list[str], runs_dir: Path) -> list[int]:
-    """One chain per device, step by step side by side; returns each chain's exit code."""
+    """One chain per device, side by side; returns each chain's exit code."""
     folders = {device: runs.new_run_folder(runs_dir) for device in devices}
     for device, folder in folders.items():
         say(f"{device}: run folder {folder}")
-    codes = dict.fromkeys(devices, 0)
+    launcher_instance()  # the server starts importing torch now...
+    import record  # ...while this process imports jsonschema for the last step
+
+    steps = [
+        [
+            "measure",
+            "--device",
+            device,
+            *flags,
+            "--environment-output",
+            f"{folders[device]}/environment.json",
+            "--output",
+            f"{folders[device]}/measurement.json",
+        ]
+        for device in devices
+    ]
     try:
-        steps = [
-            ["environment", "--device", d, "--output", f"{folders[d]}/environment.json"]
-            for d in devices
-        ]
-        for device, code in zip(devices, run_steps(steps), strict=True):
-            if code != 0:
-                codes[device] = stop(folders[device], f"environment exited {code}", code)
-        going = [d for d in devices if codes[d] == 0]
-        steps = [
-            ["measure", "--device", d, *flags, "--output", f"{folders[d]}/measurement.json"]
-            for d in going
-        ]
-        for device, code in zip(going, run_steps(steps), strict=True):
-            codes[device] = code
-            if code not in (0, mesure_memoire.EXIT_OOM):
-                codes[device] = stop(folders[device], f"measure exited {code}", code)
+        codes = run_steps(steps)
     except KeyboardInterrupt:
         return [stop(folder, "interrupted", 130) for folder in folders.values()]
-    import record  # jsonschema only now: the GPU steps above did not wait for it
-
-    for device in devices:
-        if codes[device] in (0, mesure_memoire.EXIT_OOM):
-            codes[device] = record.main([str(folders[device])]) or codes[device]
-    return [codes[device] for device in devices]
+    for i, device in enumerate(devices):
+        if codes[i] not in (0, mesure_memoire.EXIT_OOM):
+            codes[i] = stop(folders[device], f"measure exited {codes[i]}", codes[i])
+        else:
+            codes[i] = record.main([str(folders[device])]) or codes[i]
+    return codes
 
 
 def visible_gpus() -> int:

@@ -850,12 +850,31 @@ def summarise(document: dict, reference: dict | None = None) -> dict:
     return summary
 
 
+def environment_document(environment: dict) -> dict:
+    return {
+        "schema": ENVIRONMENT_SCHEMA,
+        "tool": TOOL,
+        "created_utc": utc_now(),
+        "environment": environment,
+    }
+
+
 def measure(args: argparse.Namespace) -> int:
+    """With --environment-output, the environment is written first, by this same process:
+    a pipeline then pays CUDA start-up once per run, and a run refused for want of PyTorch
+    or a GPU still leaves its diagnostic behind."""
     output = Path(args.output)
     refuse_existing(output)
+    environment_output = Path(args.environment_output) if args.environment_output else None
+    if environment_output is not None:
+        refuse_existing(environment_output)
+        if environment_output.resolve() == output.resolve():
+            raise UsageError("--environment-output and --output must be two files")
     driver_query = start_driver_query()
-    import_torch()  # the exit-2 guard, before anything is written
     environment = collect_environment(args.device, args.device_text, driver_query)
+    if environment_output is not None:
+        write_result(environment_output, environment_document(environment))
+    import_torch()  # the exit-2 guard, before the measurement is written
     document = {
         "schema": MEASUREMENT_SCHEMA,
         "tool": TOOL,
@@ -940,6 +959,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="also time the forward with torch.utils.benchmark.Timer (about 0.4 s more)",
     )
     p.add_argument("--output", required=True, help="a new JSON file (never overwritten)")
+    p.add_argument(
+        "--environment-output",
+        help="also write the environment record to this new file, first",
+    )
     return parser
 
 
@@ -966,12 +989,7 @@ def main(argv: list[str] | None = None) -> int:
             output = Path(args.output) if args.output else None
             if output is not None:
                 refuse_existing(output)
-            document = {
-                "schema": ENVIRONMENT_SCHEMA,
-                "tool": TOOL,
-                "created_utc": utc_now(),
-                "environment": collect_environment(args.device, args.device_text),
-            }
+            document = environment_document(collect_environment(args.device, args.device_text))
             if output is None:
                 print(json.dumps(document, indent=2, ensure_ascii=False))
             else:

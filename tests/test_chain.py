@@ -102,13 +102,12 @@ def replay_h200(monkeypatch, measurement: str, code: int) -> None:
     """The GPU steps replaced by the real H200 outputs they gave (exit codes included)."""
 
     def run_steps(commands: list[list[str]]) -> list[int]:
-        codes = []
-        for command, *argv in commands:
+        for _command, *argv in commands:
+            environment = argv[argv.index("--environment-output") + 1]
+            shutil.copyfile(runfixtures.H200 / "env.json", environment)
             output = argv[argv.index("--output") + 1]
-            fixture = "env" if command == "environment" else measurement
-            shutil.copyfile(runfixtures.H200 / f"{fixture}.json", output)
-            codes.append(0 if command == "environment" else code)
-        return codes
+            shutil.copyfile(runfixtures.H200 / f"{measurement}.json", output)
+        return [code] * len(commands)
 
     monkeypatch.setattr(chain, "run_steps", run_steps)
 

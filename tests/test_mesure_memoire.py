@@ -271,3 +271,59 @@ def test_runs_isolated_from_the_user_site():
     )
     assert result.returncode == 0
     assert "1 bytes" in result.stdout
+
+
+def test_environment_output_is_written_first_even_when_the_measurement_is_refused(tmp_path):
+    result = run_script(
+        "mesure_memoire.py",
+        "measure",
+        "--device",
+        "cuda:0",
+        "--output",
+        str(tmp_path / "m.json"),
+        "--environment-output",
+        str(tmp_path / "e.json"),
+        flags=["-S"],
+    )
+    assert result.returncode == 2
+    assert "PyTorch is not importable" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json"]
+    document = json.loads((tmp_path / "e.json").read_text())
+    assert document["environment"]["torch"]["available"] is False
+    assert validate.validate_document(document, REGISTRY) == []
+
+
+@pytest.mark.parametrize("existing", ["e.json", "m.json"])
+def test_environment_output_follows_the_no_overwrite_rule(tmp_path, existing):
+    (tmp_path / existing).write_bytes(b"before")
+    result = run_script(
+        "mesure_memoire.py",
+        "measure",
+        "--device",
+        "cuda:0",
+        "--output",
+        str(tmp_path / "m.json"),
+        "--environment-output",
+        str(tmp_path / "e.json"),
+    )
+    assert result.returncode == 2
+    assert "already exists" in result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [existing]
+    assert (tmp_path / existing).read_bytes() == b"before"
+
+
+def test_environment_output_and_output_must_differ(tmp_path):
+    same = str(tmp_path / "x.json")
+    result = run_script(
+        "mesure_memoire.py",
+        "measure",
+        "--device",
+        "cuda:0",
+        "--output",
+        same,
+        "--environment-output",
+        same,
+    )
+    assert result.returncode == 2
+    assert "must be two files" in result.stderr
+    assert list(tmp_path.iterdir()) == []
