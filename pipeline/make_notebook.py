@@ -237,7 +237,8 @@ def measure_defaults(script: Path) -> dict:
     spec.loader.exec_module(module)
     argv = ["measure", "--device", "cuda:0", "--output", "unused.json"]
     options = vars(module.build_parser().parse_args(argv))
-    return {k: v for k, v in options.items() if k not in ("command", "device", "output")}
+    skipped = ("command", "device", "output", "environment_output")  # the last: step 2's job
+    return {k: v for k, v in options.items() if k not in skipped}
 
 
 def rule(name: str, default) -> str:
@@ -283,6 +284,7 @@ def check_cell(defaults: dict) -> str:
     for name, default in defaults.items():
         fields.append(f'{name}=checked("{name.upper()}", {name.upper()}, "{rule(name, default)}"),')
     fields.append('output=checked("OUTPUT", OUTPUT, "file"),')
+    fields.append("environment_output=None,  # step 2 shows the environment")
     body = [f"    {field}" for field in fields]
     return "\n".join([CHECKED, "", "", "ARGS = types.SimpleNamespace(", *body, ")"])
 
