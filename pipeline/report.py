@@ -177,7 +177,11 @@ def draw(args: argparse.Namespace) -> int:
         elif (folder / "measurement.json").is_file():
             document = json.loads((folder / "measurement.json").read_text())
             peak = max(peak, document["summary"]["largest_peak_reserved_bytes"])
-            title = f"{folder.name}: {document['configuration']}"
+            c = document["configuration"]
+            title = (
+                f"{folder.name}: batch {c['batch']}, context {c['context']}, width "
+                f"{c['width']}, {c['dtype']}, {document['environment']['gpu'].get('name')}"
+            )
             plans.append((folder / "memory.png", lambda d=document, t=title: run_picture(d, t)))
         else:
             raise ReportError(f"{folder}: neither a run folder nor a sweep folder")
