@@ -273,18 +273,24 @@ def test_runs_isolated_from_the_user_site():
     assert "1 bytes" in result.stdout
 
 
-def test_environment_output_is_written_first_even_when_the_measurement_is_refused(tmp_path):
-    result = run_script(
+def measure_with_environment(tmp_path, flags=()):
+    """measure into tmp_path/m.json with its environment in tmp_path/e.json."""
+    out, env = str(tmp_path / "m.json"), str(tmp_path / "e.json")
+    return run_script(
         "mesure_memoire.py",
         "measure",
         "--device",
         "cuda:0",
         "--output",
-        str(tmp_path / "m.json"),
+        out,
         "--environment-output",
-        str(tmp_path / "e.json"),
-        flags=["-S"],
+        env,
+        flags=flags,
     )
+
+
+def test_environment_output_is_written_first_even_when_the_measurement_is_refused(tmp_path):
+    result = measure_with_environment(tmp_path, flags=["-S"])
     assert result.returncode == 2
     assert "PyTorch is not importable" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json"]
@@ -296,16 +302,7 @@ def test_environment_output_is_written_first_even_when_the_measurement_is_refuse
 @pytest.mark.parametrize("existing", ["e.json", "m.json"])
 def test_environment_output_follows_the_no_overwrite_rule(tmp_path, existing):
     (tmp_path / existing).write_bytes(b"before")
-    result = run_script(
-        "mesure_memoire.py",
-        "measure",
-        "--device",
-        "cuda:0",
-        "--output",
-        str(tmp_path / "m.json"),
-        "--environment-output",
-        str(tmp_path / "e.json"),
-    )
+    result = measure_with_environment(tmp_path)
     assert result.returncode == 2
     assert "already exists" in result.stderr
     assert [p.name for p in tmp_path.iterdir()] == [existing]
