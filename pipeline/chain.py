@@ -23,9 +23,11 @@ says why the GPU was unusable) and removes it when empty; it appends nothing to 
 process given --device cuda:N (the real index, so each row names its GPU) and each chain its
 own run folder; it waits for all and exits with the worst code.
 
-Fresh processes come from launcher.py: a forkserver imports torch once per chain, and each
-step is a child forked from it with its own CUDA context and allocator. This process never
-imports torch and never initialises CUDA (a forked child counts the GPUs).
+Fresh processes come from launcher.py; this process never imports torch and never
+initialises CUDA. One device: the measurement is a fresh interpreter, which imports torch
+once, as a forkserver would, and starts the CUDA driver while it does (mesure_memoire.py).
+--device all: a forkserver imports torch once, a forked child counts the GPUs, and each
+chain's measurement is a child forked from it with its own CUDA context and allocator.
 """
 
 from __future__ import annotations
@@ -66,17 +68,19 @@ def check_measure_flags(flags: list[str]) -> None:
 _LAUNCHER: list = []
 
 
-def launcher_instance() -> launcher.Launcher:
-    """One forkserver per chain, started on first use (after the flags were checked)."""
+def launcher_instance(fork: bool = True) -> launcher.Launcher:
+    """One launcher per chain, started on first use (after the flags were checked)."""
     if not _LAUNCHER:
-        _LAUNCHER.append(launcher.Launcher())
+        _LAUNCHER.append(launcher.Launcher(fork=fork))
     return _LAUNCHER[0]
 
 
 def run_steps(commands: list[list[str]]) -> list[int]:
-    """Kit commands side by side, each a fresh process forked with torch already imported;
-    all are started from this thread, then waited for."""
-    handles = [launcher_instance().start(argv) for argv in commands]
+    """Kit commands side by side, each a fresh process (launcher.py); all are started from
+    this thread, then waited for."""
+    handles = [launcher_instance().start(argv) for argv in commands]  # torch loads there...
+    import record  # noqa: F401  ...while this process imports jsonschema for the last step
+
     return [handle.wait() for handle in handles]
 
 
@@ -95,9 +99,6 @@ def run_chains(devices: list[str], flags: list[str], runs_dir: Path) -> list[int
     folders = {device: runs.new_run_folder(runs_dir) for device in devices}
     for device, folder in folders.items():
         say(f"{device}: run folder {folder}")
-    launcher_instance()  # the server starts importing torch now...
-    import record  # ...while this process imports jsonschema for the last step
-
     steps = [
         [
             "measure",
@@ -115,6 +116,8 @@ def run_chains(devices: list[str], flags: list[str], runs_dir: Path) -> list[int
         codes = run_steps(steps)
     except KeyboardInterrupt:
         return [stop(folder, "interrupted", 130) for folder in folders.values()]
+    import record
+
     for i, device in enumerate(devices):
         if codes[i] not in (0, mesure_memoire.EXIT_OOM):
             codes[i] = stop(folders[device], f"measure exited {codes[i]}", codes[i])
@@ -163,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             raise mesure_memoire.UsageError(f"{args.runs_dir} is not an existing folder")
         if args.device == "all":
             return run_all(flags, args.runs_dir)
+        launcher_instance(fork=False)  # one measurement: see the module's notes
         return run_chains([args.device], flags, args.runs_dir)[0]
     except (mesure_memoire.UsageError, OSError) as exc:
         print(f"chain.py: error: {exc}", file=sys.stderr)

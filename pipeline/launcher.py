@@ -12,10 +12,19 @@ Rules that keep the children fresh:
   not survive a fork); each child checks that it did not inherit an initialised CUDA;
 - where the platform has no fork (spawn-only), each measurement runs in a fresh interpreter
   instead, and the measurement's environment block says which way it was started.
+
+Two costs are kept off a sweep's critical path (measured on an H200: README, issue notes):
+- multiprocessing re-runs the parent's main script in every child (as `__mp_main__`); the
+  server therefore also preloads the pipeline modules the parent had imported (record,
+  validate, jsonschema, yaml for a sweep), so that re-run finds them already imported;
+- a child's exit destroys its CUDA context (about 0.1 s). `start(argv, after=earlier)` lets
+  the next child start the CUDA driver (no context, no GPU memory) meanwhile, but create its
+  context and measure only once the earlier process has exited: the GPU holds nothing of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import subprocess
 import sys
@@ -37,8 +46,10 @@ def _count_gpus(connection) -> None:
 COUNT_GPUS = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 
 
-def _child(argv: list[str]) -> None:
-    """Runs in the forked child: the kit script's own main, nothing else."""
+def _child(argv: list[str], gate, done) -> None:
+    """Runs in the forked child: the kit script's own main. Sends its exit code on `done`
+    once its files are written, before the (slow) exit. With a `gate`, the CUDA driver starts
+    at once, and the measurement waits for the parent's word that the GPU is free."""
     import mesure_memoire
     import torch
 
@@ -46,7 +57,28 @@ def _child(argv: list[str]) -> None:
         print("launcher: CUDA was initialised before the fork: refusing", file=sys.stderr)
         raise SystemExit(2)
     mesure_memoire.PROCESS_START = FORKED
-    raise SystemExit(mesure_memoire.main(argv))
+    if gate is not None:
+        # the driver only: no context, no memory on any GPU; no GPU or driver: main() says so
+        with contextlib.suppress(Exception):
+            torch.cuda.init()
+        try:
+            gate.recv()
+        except (EOFError, KeyboardInterrupt):  # the parent stopped: measure nothing
+            raise SystemExit(130) from None
+    code = mesure_memoire.main(argv)
+    with contextlib.suppress(OSError):  # a parent gone: the exit status still says it
+        done.send(code)
+    raise SystemExit(code)
+
+
+def _preload() -> list[str]:
+    """torch, and the pipeline modules this process has imported (see the module's notes)."""
+    ours = [
+        name
+        for name, module in list(sys.modules.items())
+        if Path(getattr(module, "__file__", None) or "/").parent == PIPELINE and name != "__main__"
+    ]
+    return ["torch", *sorted({"mesure_memoire", "launcher", *ours})]
 
 
 class Launcher:
@@ -56,7 +88,7 @@ class Launcher:
         self.context = None
         if fork and "forkserver" in multiprocessing.get_all_start_methods():
             self.context = multiprocessing.get_context("forkserver")
-            self.context.set_forkserver_preload(["torch", "mesure_memoire", "launcher"])
+            self.context.set_forkserver_preload(_preload())
             # the server imports torch now, while this process goes on with other work
             from multiprocessing import forkserver
 
@@ -65,13 +97,27 @@ class Launcher:
             forkserver.ensure_running()
         self.mode = FORKED if self.context else FRESH
 
-    def start(self, argv: list[str]):
-        """Start one command; returns a handle whose wait() gives its exit code."""
+    def start(self, argv: list[str], after=None):
+        """Start one command; returns a handle: result() gives its exit code once its files
+        are written, wait() once its process has exited. With `after` (an earlier handle),
+        returns only once that process has exited, the new one having started meanwhile."""
         if self.context is None:
+            if after is not None:
+                after.wait()
             return _Fresh(subprocess.Popen([sys.executable, str(SCRIPT), *argv]))
-        process = self.context.Process(target=_child, args=(list(argv),))
+        gate_out, gate_in = self.context.Pipe(duplex=False) if after else (None, None)
+        done_out, done_in = self.context.Pipe(duplex=False)
+        process = self.context.Process(target=_child, args=(list(argv), gate_out, done_in))
         process.start()
-        return _Forked(process)
+        done_in.close()  # the child holds the only writing end: EOF if it dies early
+        if after is not None:
+            gate_out.close()
+            try:
+                after.wait()
+                gate_in.send(True)
+            finally:
+                gate_in.close()  # without the word, the child measures nothing and exits
+        return _Forked(process, done_out)
 
     def run(self, argv: list[str]) -> int:
         return self.start(argv).wait()
@@ -100,15 +146,27 @@ class _Fresh:
     def __init__(self, popen: subprocess.Popen) -> None:
         self.popen = popen
 
+    def result(self) -> int:
+        return self.popen.wait()
+
     def wait(self) -> int:
         return self.popen.wait()
 
 
 class _Forked:
-    def __init__(self, process) -> None:
-        self.process = process
+    def __init__(self, process, done) -> None:
+        self.process, self.done = process, done
+
+    def result(self) -> int:
+        if self.done.closed:
+            return self.wait()
+        try:
+            return self.done.recv()
+        except EOFError:  # it died before reporting: its exit status says how
+            return self.wait()
 
     def wait(self) -> int:
         self.process.join()
+        self.done.close()
         code = self.process.exitcode
         return 128 - code if code < 0 else code  # killed by a signal: shell convention

@@ -229,6 +229,43 @@ def finish_driver_query(query: tuple[str, subprocess.Popen] | None) -> dict:
     return {"tool": tool, "version": version}
 
 
+def start_cuda_driver(index: int):
+    """Start the CUDA driver and GPU `index`'s primary context in a thread, while this thread
+    imports torch (seconds): they do not depend on each other, so the context is ready when
+    PyTorch asks for it. PyTorch then uses that very context (one primary context per GPU
+    and process). Where there is no CUDA driver (ROCm, no GPU), the thread does nothing and
+    PyTorch reports what is missing, as before. Returns what stop_cuda_driver() needs."""
+    import ctypes
+    import threading
+
+    held: dict = {}
+
+    def start() -> None:
+        try:
+            driver = ctypes.CDLL("libcuda.so.1")
+            release = driver.cuDevicePrimaryCtxRelease_v2
+            device, context = ctypes.c_int(), ctypes.c_void_p()
+            if driver.cuInit(0) or driver.cuDeviceGet(ctypes.byref(device), index):
+                return
+            if driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0:
+                held["release"] = lambda: release(device)
+        except (OSError, AttributeError):  # no libcuda, or one older than CUDA 11
+            return
+
+    thread = threading.Thread(target=start, name="cuda-driver-start", daemon=True)
+    thread.start()
+    return thread, held
+
+
+def stop_cuda_driver(started) -> None:
+    """Once PyTorch holds its own reference to the context, drop the thread's: the context
+    then lives exactly as long as PyTorch's."""
+    thread, held = started
+    thread.join()
+    if "release" in held:
+        held.pop("release")()
+
+
 def import_torch():
     """The exit-2 guard: no PyTorch means no measurement, and no fake one."""
     try:
@@ -564,6 +601,40 @@ def synthetic_model(width: int, dtype: str, seed: int) -> dict:
     }
 
 
+def host_memory_available() -> int | None:
+    """Bytes the host can still give: MemAvailable on Linux, else the physical total."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def host_bytes_to_build(width: int, dtype: str) -> int:
+    """The weights are initialised on the CPU in float32, then cast tensor by tensor (the
+    largest cast copy lives beside them), then moved to the GPU."""
+    parameters = synthetic_model(width, dtype, 0)["parameters"]
+    largest_cast = HIDDEN_FACTOR * width * width * DTYPE_BYTES[dtype] if dtype != "float32" else 0
+    return parameters * 4 + largest_cast
+
+
+def check_host_memory(width: int, dtype: str) -> None:
+    """A width the host cannot even build is bad input, refused before anything is written
+    (not a GPU out-of-memory: the GPU was never asked)."""
+    needed, available = host_bytes_to_build(width, dtype), host_memory_available()
+    if available is not None and needed > available:
+        raise UsageError(
+            f"--width {width}: building the model on the host needs {needed} bytes "
+            f"(float32 on the CPU, then cast and moved), more than the {available} available"
+        )
+
+
 def check_gpu(torch, index: int, requested: str) -> None:
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         raise UsageError("no GPU is visible to PyTorch: measure needs one and never uses the CPU")
@@ -704,12 +775,17 @@ def run_measurement(args: argparse.Namespace, document: dict) -> int:
     def load_model():
         torch.manual_seed(args.seed)
         hidden = HIDDEN_FACTOR * args.width
-        model = torch.nn.Sequential(
-            torch.nn.Linear(args.width, hidden, bias=True),
-            torch.nn.GELU(approximate="none"),
-            torch.nn.Linear(hidden, args.width, bias=True),
-        )
-        state["model"] = model.to(dtype=dtype).to(device).eval()
+        try:  # on the CPU: a failure here is the host's, never a GPU observation
+            model = torch.nn.Sequential(
+                torch.nn.Linear(args.width, hidden, bias=True),
+                torch.nn.GELU(approximate="none"),
+                torch.nn.Linear(hidden, args.width, bias=True),
+            ).to(dtype=dtype)
+        except RuntimeError as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            message = f"--width {args.width}: the host could not build the model ({first})"
+            raise UsageError(message) from None
+        state["model"] = model.to(device).eval()
 
     def make_inputs():
         generator = torch.Generator(device=device)
@@ -870,8 +946,11 @@ def measure(args: argparse.Namespace) -> int:
         refuse_existing(environment_output)
         if environment_output.resolve() == output.resolve():
             raise UsageError("--environment-output and --output must be two files")
+    check_host_memory(args.width, args.dtype)
     driver_query = start_driver_query()
+    cuda_driver = start_cuda_driver(args.device)
     environment = collect_environment(args.device, args.device_text, driver_query)
+    stop_cuda_driver(cuda_driver)
     if environment_output is not None:
         write_result(environment_output, environment_document(environment))
     import_torch()  # the exit-2 guard, before the measurement is written

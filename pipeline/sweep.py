@@ -4,7 +4,8 @@
     python3 pipeline/sweep.py --device cuda:0 --plan data/plans/width-until-oom.yaml
 
 Each point is a fresh measurement process (forked by launcher.py) with its own run folder
-under runs/, validated and appended to runs/resultats-bruts.csv. A point's folder appears
+under runs/, validated and appended to runs/resultats-bruts.csv while the next point
+measures (its process starts as the previous one exits: launcher.py). A point's folder appears
 only once it is whole (it is built under a hidden name, then renamed), so Ctrl-C leaves
 whole runs only. The sweep itself is summarised in runs/<id>-sweep/sweep.json: the largest
 configuration that fitted, its peaks, and predicted against measured counters per point.
@@ -143,24 +144,52 @@ def predicted_peak_reserved(configuration: dict, blocks: list[dict]) -> int:
     return max(row["peak_reserved_bytes"] for row in rows)
 
 
-def run_point(runner, runs_dir: Path, device: str, configuration: dict) -> tuple[int, Path]:
-    """One whole run folder, or none: built under a hidden name, renamed when complete."""
-    run_id = runs.new_run_id()
-    partial = runs_dir / f".{run_id}.partial"
-    partial.mkdir()
-    try:
-        argv = ["measure", "--device", device, "--output", str(partial / "measurement.json")]
+class Point:
+    """One point: a fresh measurement process writing into a hidden folder, renamed to
+    <runs>/<id>/ once whole. Started `after` the previous point, its CUDA driver start-up
+    overlaps that process's exit; its row is appended while the next point measures."""
+
+    def __init__(self, runner, runs_dir: Path, device: str, configuration: dict, after=None):
+        self.configuration = dict(configuration)
+        self.run_id = runs.new_run_id()
+        self.folder = runs_dir / f".{self.run_id}.partial"
+        self.folder.mkdir()
+        argv = ["measure", "--device", device, "--output", str(self.folder / "measurement.json")]
         for name in SIZES:
             argv += [f"--{name}", str(configuration[name])]
-        code = runner.run(argv)
-        final = runs_dir / run_id
-        if (partial / "measurement.json").exists():
-            os.rename(partial, final)
-            return code, final
-        return code, partial
-    finally:
-        if partial.exists():
-            shutil.rmtree(partial)  # this process made it seconds ago; it holds no whole run
+        try:
+            self.handle = runner.start(argv, after=after.handle if after else None)
+        except BaseException:
+            shutil.rmtree(self.folder)
+            raise
+
+    def finish(self) -> int:
+        """The exit code once the files are written; the folder is then whole, or removed."""
+        try:
+            code = self.handle.result()
+        except BaseException:
+            self.discard()
+            raise
+        if (self.folder / "measurement.json").exists():
+            whole = self.folder.parent / self.run_id
+            os.rename(self.folder, whole)
+            self.folder = whole
+        else:
+            self.discard()
+        return code
+
+    def discard(self) -> None:
+        """Not kept: wait for the process, then remove the hidden folder it wrote into."""
+        self.handle.wait()
+        if self.folder.name.endswith(".partial"):  # never a whole run
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def record_point(point: Point) -> str | None:
+    """Validate and append the point's row (record.py); None when done, else why not."""
+    if record.main([str(point.folder)]) != 0:
+        return f"{point.folder.name} did not validate or record"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep_dir = runs_dir / f"{runs.new_run_id()}-sweep"
     configuration = dict(plan["base"], **{plan["vary"]: plan["start"]})
     points, reason, exit_code = [], None, 0
-    started = time.perf_counter()
+    started = last = time.perf_counter()
+    measured = running = None  # measured: summarised, its row not yet appended
     try:
         for step in range(1, (total or HARD_CAP) + 1):
             if "memory_fraction" in stop and points and points[-1]["library_blocks"] is not None:
@@ -191,16 +221,22 @@ def main(argv: list[str] | None = None) -> int:
                         f"exceeds {stop['memory_fraction']} of the GPU's memory"
                     )
                     break
-            point_started = time.perf_counter()
-            code, folder = run_point(runner, runs_dir, args.device, configuration)
+            running = Point(runner, runs_dir, args.device, configuration, after=measured)
+            if measured is not None:
+                failure, measured = record_point(measured), None
+                if failure:
+                    points.pop()
+                    reason, exit_code = failure, 1
+                    break
+            code = running.finish()
+            finished, running = running, None
             if code not in (0, 3):
                 reason, exit_code = f"the measurement exited {code}", code
                 break
-            if record.main([str(folder)]) != 0:  # record.py validates before it appends
-                reason, exit_code = f"{folder.name} did not validate or record", 1
-                break
-            point = summarise_point(folder, configuration, time.perf_counter() - point_started)
+            now = time.perf_counter()
+            point = summarise_point(finished.folder, configuration, now - last)
             points.append(point)
+            measured, last = finished, now
             progress(
                 step,
                 total,
@@ -216,6 +252,16 @@ def main(argv: list[str] | None = None) -> int:
             configuration[plan["vary"]] = max(current + 1, math.ceil(current * plan["factor"]))
         else:
             reason = f"{total or HARD_CAP} steps done"
+    except KeyboardInterrupt:
+        reason, exit_code = "interrupted (Ctrl-C): every point listed is a whole run", 130
+    try:
+        if running is not None:
+            running.discard()  # started, then not kept: a sweep that stops leaves no half run
+        if measured is not None:
+            failure = record_point(measured)
+            if failure:
+                points.pop()
+                reason, exit_code = failure, 1
     except KeyboardInterrupt:
         reason, exit_code = "interrupted (Ctrl-C): every point listed is a whole run", 130
     if not points and exit_code not in (0, 130):

@@ -283,6 +283,8 @@ def test_on_a_gpu_the_chain_records_one_row(tmp_path):
     assert row["largest_peak_allocated_bytes"] == str(
         measurement["summary"]["largest_peak_allocated_bytes"]
     )
+    # one measurement: a fresh interpreter, which starts the CUDA driver while torch loads
+    assert measurement["environment"]["process_start"] == "fresh interpreter"
 
 
 @pytest.mark.gpu
@@ -315,4 +317,7 @@ def test_on_a_gpu_device_all_gives_one_row_per_gpu(tmp_path):
     assert len(made) == count
     rows = [the_row(tmp_path, folder) for folder in made]
     assert sorted(row["device"] for row in rows) == [f"cuda:{i}" for i in range(count)]
+    for folder in made:
+        environment = json.loads((folder / "environment.json").read_bytes())["environment"]
+        assert environment["process_start"].startswith("forked from a server")
     assert run_script("validate.py", str(tmp_path / runs.LOG_NAME)).returncode == 0

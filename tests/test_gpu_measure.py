@@ -5,10 +5,12 @@ Each measurement runs in a fresh process, as the spec asks."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import validate
-from conftest import run_script
+from conftest import PIPELINE, run_script
 
 pytestmark = pytest.mark.gpu
 REGISTRY = validate.load_registry()
@@ -116,4 +118,28 @@ def test_a_device_that_does_not_exist_is_refused(tmp_path):
     )
     assert result.returncode == 2
     assert "does not exist" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_the_host_cannot_build_is_one_line_exit_2_not_a_traceback(tmp_path):
+    """The host check is bypassed (as on a system that does not report its memory) so the
+    CPU construction itself fails: the run ends in one line, and no measurement is written."""
+    code = (
+        "import sys, mesure_memoire as m; m.host_memory_available = lambda: None; "
+        "raise SystemExit(m.main(sys.argv[1:]))"
+    )
+    out = tmp_path / "m.json"
+    argv = ["measure", "--device", "cuda:0", "--width", "10000000000", "--output", str(out)]
+    result = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        cwd=PIPELINE,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(
+        "mesure_memoire.py: error: --width 10000000000: the host could not build the model ("
+    )
     assert list(tmp_path.iterdir()) == []

@@ -82,3 +82,57 @@ def test_gpus_are_counted_in_a_child():
         print("torch" in sys.modules)
     """)
     assert result.stdout.split() == ["0", "0", "False"], result.stderr
+
+
+def test_a_child_started_after_another_measures_only_once_that_one_has_exited(tmp_path):
+    """The earlier process stands in as a handle whose exit takes 1.5 s; the new child's
+    output must be written after the moment it exited (both times from the file system)."""
+    out, exited = tmp_path / "environment.json", tmp_path / "exited"
+    result = launch(f"""
+        import pathlib, time, launcher
+        class Exiting:
+            def wait(self):
+                time.sleep(1.5)
+                pathlib.Path({str(exited)!r}).write_text("")
+                return 0
+        runner = launcher.Launcher()
+        argv = ["environment", "--device", "cuda:0", "--output", {str(out)!r}]
+        handle = runner.start(argv, after=Exiting())
+        print(handle.result(), handle.wait())
+    """)
+    assert result.stdout.splitlines()[-1] == "0 0", result.stderr
+    assert out.stat().st_mtime_ns >= exited.stat().st_mtime_ns
+    environment = json.loads(out.read_text())["environment"]
+    assert environment["process_start"].startswith("forked")
+
+
+def test_a_parent_interrupted_while_waiting_leaves_the_child_measuring_nothing(tmp_path):
+    out = tmp_path / "environment.json"
+    result = launch(f"""
+        import multiprocessing, launcher
+        class Interrupted:
+            def wait(self):
+                raise KeyboardInterrupt
+        runner = launcher.Launcher()
+        try:
+            runner.start(["environment", "--device", "cuda:0", "--output", {str(out)!r}],
+                         after=Interrupted())
+        except KeyboardInterrupt:
+            print("interrupted")
+        print([child.join() or child.exitcode for child in multiprocessing.active_children()])
+    """)
+    assert result.stdout.splitlines()[-2:] == ["interrupted", "[130]"], result.stderr
+    assert not out.exists()
+
+
+def test_the_server_preloads_torch_and_the_pipeline_modules_the_parent_imported():
+    """multiprocessing re-runs the parent's main script in each child: whatever it imports
+    must already be there, or each sweep point pays for jsonschema and yaml again."""
+    result = launch("""
+        import launcher, record
+        print(launcher._preload())
+    """)
+    preload = ast.literal_eval(result.stdout.splitlines()[-1])
+    assert preload[0] == "torch"
+    assert {"launcher", "mesure_memoire", "record", "validate", "runs"} <= set(preload)
+    assert "__main__" not in preload

@@ -117,6 +117,10 @@ BAD_INPUT = [
     (["measure", "--device", "cuda:0", "--repeats", "0"], "--repeats: expected a positive"),
     (["measure", "--device", "cuda:0", "--seed", "-1"], "--seed: expected an integer >= 0"),
     (["measure", "--device", "cuda:0", "--dtype", "float64"], "--dtype: invalid choice"),
+    (
+        ["measure", "--device", "cuda:0", "--width", "10000000000"],
+        "--width 10000000000: building the model on the host needs 3200000000200000000000 bytes",
+    ),
     (["environment", "--device", "cpu"], "--device: expected a GPU device"),
 ]
 
@@ -134,6 +138,30 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, argv, message
     assert result.stderr.startswith("mesure_memoire.py: error: ")
     assert message in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("width", "dtype", "needed"),
+    [(64, "float32", 132_352), (64, "bfloat16", 165_120), (1, "float16", 13 * 4 + 8)],
+)
+def test_host_memory_to_build_the_model_is_exact_and_refused_one_byte_short(
+    monkeypatch, width, dtype, needed
+):
+    # float32 weights and biases (width 64: 33,088 parameters), plus the largest cast copy
+    assert mm.host_bytes_to_build(width, dtype) == needed
+    monkeypatch.setattr(mm, "host_memory_available", lambda: needed)
+    mm.check_host_memory(width, dtype)
+    monkeypatch.setattr(mm, "host_memory_available", lambda: needed - 1)
+    with pytest.raises(mm.UsageError, match=f"needs {needed} bytes .* than the {needed - 1}"):
+        mm.check_host_memory(width, dtype)
+    monkeypatch.setattr(mm, "host_memory_available", lambda: None)  # the system does not say
+    mm.check_host_memory(width, dtype)
+
+
+def test_host_memory_available_is_a_positive_byte_count():
+    available = mm.host_memory_available()
+    assert isinstance(available, int)
+    assert available > 2**20
 
 
 @pytest.mark.parametrize("command", ["measure", "environment"])
@@ -262,7 +290,7 @@ def test_module_level_imports_are_standard_library_only():
         if isinstance(node, ast.Import) and node not in tree.body
         for alias in node.names
     }
-    assert inner == {"torch"}
+    assert inner - set(sys.stdlib_module_names) == {"torch"}
 
 
 def test_runs_isolated_from_the_user_site():

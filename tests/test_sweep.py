@@ -90,6 +90,19 @@ def test_without_a_gpu_the_first_point_fails_and_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+class Done:
+    """A finished process's handle."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def result(self):
+        return self.code
+
+    def wait(self):
+        return self.code
+
+
 class Replay:
     """Stands in for the launcher: each 'measurement' is the committed H200 file of the same
     configuration, so the sweep's own logic runs on CPU against real results."""
@@ -104,10 +117,15 @@ class Replay:
         }
         self.calls, self.interrupt_at = 0, interrupt_at
 
-    def run(self, argv):
+    def start(self, argv, after=None):
         self.calls += 1
         if self.calls == self.interrupt_at:
             raise KeyboardInterrupt
+        if after is not None:
+            assert after.wait() in (0, 3)  # the previous point's process has exited first
+        return Done(self.run(argv))
+
+    def run(self, argv):
         config = {name: argv[argv.index(f"--{name}") + 1] for name in sweep.SIZES}
         config = {k: (v if k == "dtype" else int(v)) for k, v in config.items()}
         source = self.by_config[json.dumps(config, sort_keys=True)]
@@ -162,6 +180,9 @@ def test_ctrl_c_leaves_only_whole_runs_and_says_so(monkeypatch, tmp_path):
     folders = [p for p in runs_dir.iterdir() if p.is_dir() and not p.name.endswith("-sweep")]
     assert len(folders) == 2  # the two points measured before Ctrl-C, each whole
     assert all((folder / "measurement.json").is_file() for folder in folders)
+    log = runs_dir / "resultats-bruts.csv"  # the second is recorded after Ctrl-C: both are
+    assert validate.main([str(log)]) == 0
+    assert len(log.read_text().splitlines()) == 3
     assert not list(runs_dir.glob(".*partial"))
     [summary_file] = runs_dir.glob("*-sweep/sweep.json")
     assert "interrupted" in json.loads(summary_file.read_text())["stopped_because"]

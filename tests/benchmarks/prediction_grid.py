@@ -1,12 +1,14 @@
 """Predicted against measured counters on a grid of configurations, on a real GPU.
 
     python3 tests/benchmarks/prediction_grid.py --device cuda:0 --output-dir DIR [--fresh N]
+        [--configurations N]
 
-Every point is its own process (forked by pipeline/launcher.py) writing DIR/<name>.json with
-`--reference-timing`. With `--fresh N`, the first N configurations of each dtype are measured
-a second time in fresh interpreters (DIR/fresh/), and their counters compared with the
-forked ones byte for byte. Prints one line per point and a summary; exit 1 if a forked and a
-fresh counter differ. Not a test: it needs a GPU and minutes.
+Every point is its own process (forked by pipeline/launcher.py, each started as the previous
+one exits, as in a sweep) writing DIR/<name>.json with `--reference-timing`. With `--fresh
+N`, the first N configurations of each dtype are measured a second time in fresh
+interpreters (DIR/fresh/), and their counters compared with the forked ones byte for byte.
+Prints one line per point and a summary; exit 1 if a forked and a fresh counter differ. Not
+a test: it needs a GPU and minutes.
 """
 
 from __future__ import annotations
@@ -99,10 +101,13 @@ def main() -> int:
     runner = launcher.Launcher()
     worst_allocated = worst_reserved = 0
     started = time.perf_counter()
+    previous = None  # as in a sweep: each child starts while the previous one exits
     for dtype in DTYPES:
-        for batch, context, width in GRID:
+        for batch, context, width in GRID[: ARGS.configurations]:
             name = f"{dtype}-b{batch}-c{context}-w{width}"
-            code = runner.run(argv_for(batch, context, width, dtype, out / f"{name}.json"))
+            argv = argv_for(batch, context, width, dtype, out / f"{name}.json")
+            previous = runner.start(argv, after=previous)
+            code = previous.result()
             path = out / f"{name}.json"
             if not path.exists():
                 print(f"{name}: exit {code}, no file")
@@ -157,5 +162,8 @@ if __name__ == "__main__":
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--fresh", type=int, default=0, help="configurations to re-run fresh")
+    parser.add_argument(
+        "--configurations", type=int, default=len(GRID), help="the first N of the grid only"
+    )
     ARGS = parser.parse_args()
     raise SystemExit(main())
