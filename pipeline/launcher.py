@@ -17,9 +17,11 @@ Two costs are kept off a sweep's critical path (measured on an H200: README, iss
 - multiprocessing re-runs the parent's main script in every child (as `__mp_main__`); the
   server therefore also preloads the pipeline modules the parent had imported (record,
   validate, jsonschema, yaml for a sweep), so that re-run finds them already imported;
-- a child's exit destroys its CUDA context (about 0.1 s). `start(argv, after=earlier)` lets
-  the next child start the CUDA driver (no context, no GPU memory) meanwhile, but create its
-  context and measure only once the earlier process has exited: the GPU holds nothing of it.
+- a child's exit destroys its CUDA context (about 0.1 s), and a fork made meanwhile was
+  seen to wait for it. So a child that has written its files holds its exit until wait();
+  `start(argv, after=earlier)` forks the next child first, then lets the earlier one exit
+  while the new one starts the CUDA driver (no context, no GPU memory), and lets the new
+  one create its context and measure only once the earlier process is gone.
 """
 
 from __future__ import annotations
@@ -46,10 +48,13 @@ def _count_gpus(connection) -> None:
 COUNT_GPUS = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 
 
+HOLD_SECONDS = 5  # a child waits this long at most for the word to exit
+
+
 def _child(argv: list[str], gate, done) -> None:
     """Runs in the forked child: the kit script's own main. Sends its exit code on `done`
-    once its files are written, before the (slow) exit. With a `gate`, the CUDA driver starts
-    at once, and the measurement waits for the parent's word that the GPU is free."""
+    once its files are written, then holds its exit until told (or HOLD_SECONDS). With a
+    `gate`, it says it is running, starts the CUDA driver, and measures only on the word."""
     import mesure_memoire
     import torch
 
@@ -58,6 +63,7 @@ def _child(argv: list[str], gate, done) -> None:
         raise SystemExit(2)
     mesure_memoire.PROCESS_START = FORKED
     if gate is not None:
+        gate.send("running")
         # the driver only: no context, no memory on any GPU; no GPU or driver: main() says so
         with contextlib.suppress(Exception):
             torch.cuda.init()
@@ -68,6 +74,7 @@ def _child(argv: list[str], gate, done) -> None:
     code = mesure_memoire.main(argv)
     with contextlib.suppress(OSError):  # a parent gone: the exit status still says it
         done.send(code)
+        done.poll(HOLD_SECONDS)
     raise SystemExit(code)
 
 
@@ -99,25 +106,29 @@ class Launcher:
 
     def start(self, argv: list[str], after=None):
         """Start one command; returns a handle: result() gives its exit code once its files
-        are written, wait() once its process has exited. With `after` (an earlier handle),
-        returns only once that process has exited, the new one having started meanwhile."""
+        are written, wait() lets the process exit and waits for it (always call it). With
+        `after` (an earlier handle), returns once that process has exited, the new one
+        having been forked before it began to exit."""
         if self.context is None:
             if after is not None:
                 after.wait()
             return _Fresh(subprocess.Popen([sys.executable, str(SCRIPT), *argv]))
-        gate_out, gate_in = self.context.Pipe(duplex=False) if after else (None, None)
-        done_out, done_in = self.context.Pipe(duplex=False)
-        process = self.context.Process(target=_child, args=(list(argv), gate_out, done_in))
+        gate, gate_child = self.context.Pipe() if after else (None, None)
+        done, done_child = self.context.Pipe()
+        process = self.context.Process(target=_child, args=(list(argv), gate_child, done_child))
         process.start()
-        done_in.close()  # the child holds the only writing end: EOF if it dies early
+        done_child.close()  # the child holds the only other end: EOF if it dies early
         if after is not None:
-            gate_out.close()
+            gate_child.close()
             try:
+                with contextlib.suppress(EOFError):
+                    gate.recv()  # forked and running: the earlier one may exit now
                 after.wait()
-                gate_in.send(True)
+                with contextlib.suppress(OSError):
+                    gate.send("measure")
             finally:
-                gate_in.close()  # without the word, the child measures nothing and exits
-        return _Forked(process, done_out)
+                gate.close()  # without the word, the child measures nothing and exits
+        return _Forked(process, done)
 
     def run(self, argv: list[str]) -> int:
         return self.start(argv).wait()
@@ -166,7 +177,10 @@ class _Forked:
             return self.wait()
 
     def wait(self) -> int:
+        if not self.done.closed:
+            with contextlib.suppress(OSError):
+                self.done.send("exit")
+            self.done.close()
         self.process.join()
-        self.done.close()
         code = self.process.exitcode
         return 128 - code if code < 0 else code  # killed by a signal: shell convention

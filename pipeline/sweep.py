@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             code = running.finish()
             finished, running = running, None
             if code not in (0, 3):
+                finished.handle.wait()
                 reason, exit_code = f"the measurement exited {code}", code
                 break
             now = time.perf_counter()
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if running is not None:
             running.discard()  # started, then not kept: a sweep that stops leaves no half run
         if measured is not None:
+            measured.handle.wait()  # its process held its exit for the next point: let it go
             failure = record_point(measured)
             if failure:
                 points.pop()

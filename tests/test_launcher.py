@@ -136,3 +136,22 @@ def test_the_server_preloads_torch_and_the_pipeline_modules_the_parent_imported(
     assert preload[0] == "torch"
     assert {"launcher", "mesure_memoire", "record", "validate", "runs"} <= set(preload)
     assert "__main__" not in preload
+
+
+def test_a_child_holds_its_exit_after_reporting_until_waited_for():
+    """The exit (a CUDA context's teardown on a GPU) waits until the parent says so, so that
+    the next child can be forked first; a parent that never says so does not hang."""
+    result = launch("""
+        import time, launcher
+        runner = launcher.Launcher()
+        handle = runner.start(["estimate", "--parameters", "7", "--bits", "4"])
+        print("parent:", handle.result(), flush=True)
+        time.sleep(0.5)
+        print("parent:", handle.process.is_alive(), flush=True)
+        print("parent:", handle.wait(), handle.process.is_alive(), flush=True)
+        forgotten = runner.start(["estimate", "--parameters", "7", "--bits", "4"])
+        print("parent:", forgotten.result(), flush=True)
+    """)
+    said = [line for line in result.stdout.splitlines() if line.startswith("parent: ")]
+    assert said == ["parent: 0", "parent: True", "parent: 0 False", "parent: 0"], result.stderr
+    assert result.returncode == 0

@@ -129,6 +129,8 @@ def main() -> int:
                 f"event median {timing.get('warm_forward_event_ns', {}).get('median')}",
                 flush=True,
             )
+    if previous is not None:
+        previous.wait()
     print(
         f"grid: {time.perf_counter() - started:.1f} s; largest difference allocated "
         f"{worst_allocated} B, reserved {worst_reserved} B"
