@@ -36,6 +36,7 @@ import runs
 DIMENSIONS = ("batch", "context", "width")
 SIZES = ("batch", "context", "width", "dtype", "warmup", "repeats")
 HARD_CAP = 64  # --until-oom on a card larger than any today still stops
+INTERRUPTED = "interrupted (Ctrl-C): every point listed is a whole run"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -150,7 +151,6 @@ class Point:
     overlaps that process's exit; its row is appended while the next point measures."""
 
     def __init__(self, runner, runs_dir: Path, device: str, configuration: dict, after=None):
-        self.configuration = dict(configuration)
         self.run_id = runs.new_run_id()
         self.folder = runs_dir / f".{self.run_id}.partial"
         self.folder.mkdir()
@@ -185,9 +185,12 @@ class Point:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def record_point(point: Point) -> str | None:
-    """Validate and append the point's row (record.py); None when done, else why not."""
+def record_point(point: Point, points: list[dict]) -> str | None:
+    """Let its process go, then validate and append its row (record.py); a point that does
+    not record leaves the summary too. None when done, else why not."""
+    point.handle.wait()
     if record.main([str(point.folder)]) != 0:
+        points.pop()
         return f"{point.folder.name} did not validate or record"
     return None
 
@@ -223,9 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                     break
             running = Point(runner, runs_dir, args.device, configuration, after=measured)
             if measured is not None:
-                failure, measured = record_point(measured), None
+                failure, measured = record_point(measured, points), None
                 if failure:
-                    points.pop()
                     reason, exit_code = failure, 1
                     break
             code = running.finish()
@@ -254,18 +256,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             reason = f"{total or HARD_CAP} steps done"
     except KeyboardInterrupt:
-        reason, exit_code = "interrupted (Ctrl-C): every point listed is a whole run", 130
+        reason, exit_code = INTERRUPTED, 130
     try:
         if running is not None:
             running.discard()  # started, then not kept: a sweep that stops leaves no half run
         if measured is not None:
-            measured.handle.wait()  # its process held its exit for the next point: let it go
-            failure = record_point(measured)
+            failure = record_point(measured, points)
             if failure:
-                points.pop()
                 reason, exit_code = failure, 1
     except KeyboardInterrupt:
-        reason, exit_code = "interrupted (Ctrl-C): every point listed is a whole run", 130
+        reason, exit_code = INTERRUPTED, 130
     if not points and exit_code not in (0, 130):
         print(
             f"sweep.py: error: the first point failed ({reason}): nothing written", file=sys.stderr
