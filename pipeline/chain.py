@@ -38,8 +38,7 @@ from pathlib import Path
 
 import launcher
 import mesure_memoire
-
-import runs
+import run_folders
 
 PIPELINE = Path(__file__).resolve().parent
 
@@ -96,7 +95,7 @@ def stop(folder: Path, why: str, code: int) -> int:
 
 def run_chains(devices: list[str], flags: list[str], runs_dir: Path) -> list[int]:
     """One chain per device, side by side; returns each chain's exit code."""
-    folders = {device: runs.new_run_folder(runs_dir) for device in devices}
+    folders = {device: run_folders.new_run_folder(runs_dir) for device in devices}
     for device, folder in folders.items():
         say(f"{device}: run folder {folder}")
     steps = [
@@ -153,7 +152,7 @@ def run_all(flags: list[str], runs_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="chain.py", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--device", required=True, help="cuda:N, cuda, or all")
-    parser.add_argument("--runs-dir", type=Path, default=runs.RUNS, help="default: runs/")
+    parser.add_argument("--runs-dir", type=Path, default=run_folders.RUNS, help="default: runs/")
     try:
         args, flags = parser.parse_known_args(argv)
         if args.device != "all":

@@ -61,7 +61,6 @@ def _child(argv: list[str], gate, done) -> None:
     if torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork():
         print("launcher: CUDA was initialised before the fork: refusing", file=sys.stderr)
         raise SystemExit(2)
-    mesure_memoire.PROCESS_START = FORKED
     if gate is not None:
         gate.send("running")
         # the driver only: no context, no memory on any GPU; no GPU or driver: main() says so
@@ -71,7 +70,7 @@ def _child(argv: list[str], gate, done) -> None:
             gate.recv()
         except (EOFError, KeyboardInterrupt):  # the parent stopped: measure nothing
             raise SystemExit(130) from None
-    code = mesure_memoire.main(argv)
+    code = mesure_memoire.main(argv, process_start=FORKED)
     with contextlib.suppress(OSError):  # a parent gone: the exit status still says it
         done.send(code)
         done.poll(HOLD_SECONDS)

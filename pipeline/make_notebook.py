@@ -44,11 +44,8 @@ EXCLUDED = {
     "main",
 }
 # The only edits made to copied code: the steps read a SimpleNamespace, not argparse's
-# Namespace (an annotation only), and the measurement says it ran in a notebook kernel.
-EDITS = (
-    ("args: argparse.Namespace", "args: types.SimpleNamespace"),
-    ('PROCESS_START = "fresh interpreter"', 'PROCESS_START = "notebook kernel"'),
-)
+# Namespace (an annotation only).
+EDITS = (("args: argparse.Namespace", "args: types.SimpleNamespace"),)
 
 
 def edited(code: str) -> str:
@@ -62,7 +59,9 @@ SECTION_MARK = re.compile(r"# -{8,} (.+)")
 RUN_CODE = {
     "print_estimate": "print_estimate(estimate(ARGS.parameters, ARGS.bits, ARGS.reserve_gib))",
     "collect_environment": (
-        "environment = collect_environment(ARGS.device, ARGS.device_text)\n"
+        "environment = collect_environment(\n"
+        "    ARGS.device, ARGS.device_text, process_start=ARGS.process_start\n"
+        ")\n"
         "print(json.dumps(environment, indent=2, ensure_ascii=False))"
     ),
     "measure": "exit_code = measure(ARGS)",
@@ -285,6 +284,7 @@ def check_cell(defaults: dict) -> str:
         fields.append(f'{name}=checked("{name.upper()}", {name.upper()}, "{rule(name, default)}"),')
     fields.append('output=checked("OUTPUT", OUTPUT, "file"),')
     fields.append("environment_output=None,  # step 2 shows the environment")
+    fields.append('process_start="notebook kernel",  # recorded in the environment')
     body = [f"    {field}" for field in fields]
     return "\n".join([CHECKED, "", "", "ARGS = types.SimpleNamespace(", *body, ")"])
 

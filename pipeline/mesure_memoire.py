@@ -42,8 +42,9 @@ GB = 10**9
 HIDDEN_FACTOR = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 EXIT_OK, EXIT_USAGE, EXIT_OOM = 0, 2, 3
-# How this process was started; the pipeline's launcher sets it in the children it forks.
-PROCESS_START = "fresh interpreter"
+# How the measuring process was started, recorded in environment.process_start: `main`'s
+# default; the pipeline's launcher passes its own for the children it forks.
+FRESH_INTERPRETER = "fresh interpreter"
 
 NOT_INCLUDED = (
     "Weights only. Not included: activations, KV cache, quantization metadata, gradients, "
@@ -302,7 +303,9 @@ def describe_device(torch, index: int) -> dict:
     }
 
 
-def collect_environment(index: int, requested: str, driver_query=None) -> dict:
+def collect_environment(
+    index: int, requested: str, driver_query=None, process_start: str = FRESH_INTERPRETER
+) -> dict:
     """Rules 11-13. Never raises for a missing PyTorch or GPU: it says so instead."""
     if driver_query is None:
         driver_query = start_driver_query()
@@ -312,7 +315,7 @@ def collect_environment(index: int, requested: str, driver_query=None) -> dict:
             "implementation": platform.python_implementation(),
         },
         "platform": {"system": platform.system(), "machine": platform.machine()},
-        "process_start": PROCESS_START,
+        "process_start": process_start,
         "requested_device": requested,
         "torch": {"available": False},
         "gpu": {"available": False},
@@ -353,16 +356,49 @@ def json_bytes(document: dict) -> bytes:
 
 
 def write_new(path: Path, data: bytes) -> None:
-    """Whole file or nothing: write a temp file, then link it to a name that must be new."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Whole file or nothing, never over another name, mode 0666 less the umask.
+
+    On Linux the data goes into an unnamed file (O_TMPFILE) that is linked to its name only
+    when complete, so even `kill -9` leaves nothing behind; elsewhere a named temp file beside
+    it is linked, then removed.
+    """
+    mode = 0o666 & ~current_umask()
+    try:
+        if not os.path.isdir("/proc/self/fd"):  # linking an unnamed file goes through it
+            raise OSError("no /proc")
+        fd = os.open(path.parent, os.O_TMPFILE | os.O_WRONLY, mode)
+        temp = None
+    except (AttributeError, OSError):  # no O_TMPFILE here, or not on this file system
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, mode)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.link(temp, path)  # FileExistsError if the name was taken meanwhile
+            # FileExistsError if the name was taken meanwhile: the other file is untouched.
+            if temp is None:
+                link_unnamed(handle.fileno(), path)
+            else:
+                os.link(temp, path)
     finally:
-        os.unlink(temp)
+        if temp is not None:
+            os.unlink(temp)
+
+
+def link_unnamed(fd: int, path: Path) -> None:
+    """linkat(AT_SYMLINK_FOLLOW) of an O_TMPFILE; a directory descriptor makes os.link use it."""
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.link(f"/proc/self/fd/{fd}", path.name, dst_dir_fd=folder, follow_symlinks=True)
+    finally:
+        os.close(folder)
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_result(path: Path, document: dict) -> None:
@@ -949,7 +985,9 @@ def measure(args: argparse.Namespace) -> int:
     check_host_memory(args.width, args.dtype)
     driver_query = start_driver_query()
     cuda_driver = start_cuda_driver(args.device)
-    environment = collect_environment(args.device, args.device_text, driver_query)
+    environment = collect_environment(
+        args.device, args.device_text, driver_query, args.process_start
+    )
     stop_cuda_driver(cuda_driver)
     if environment_output is not None:
         write_result(environment_output, environment_document(environment))
@@ -1045,9 +1083,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, process_start: str = FRESH_INTERPRETER) -> int:
     try:
         args = build_parser().parse_args(argv)
+        args.process_start = process_start
         if args.command == "estimate" and args.phases:
             return print_phase_prediction(args)
         if args.command == "estimate":
@@ -1068,7 +1107,10 @@ def main(argv: list[str] | None = None) -> int:
             output = Path(args.output) if args.output else None
             if output is not None:
                 refuse_existing(output)
-            document = environment_document(collect_environment(args.device, args.device_text))
+            environment = collect_environment(
+                args.device, args.device_text, process_start=process_start
+            )
+            document = environment_document(environment)
             if output is None:
                 print(json.dumps(document, indent=2, ensure_ascii=False))
             else:

@@ -37,9 +37,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import mesure_memoire
+import run_folders
 import validate
-
-import runs
 
 CONFIGURATION = ("batch", "context", "width", "dtype", "warmup", "repeats", "seed")
 
@@ -156,7 +155,7 @@ def append_row(log: Path, row: dict) -> int:
 
 def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dict) -> int:
     """Validate a run folder, then append its row; 0 recorded, 1 invalid. Raises Refused."""
-    if not folder.is_dir() or not runs.RUN_ID.fullmatch(folder.name):
+    if not folder.is_dir() or not run_folders.RUN_ID.fullmatch(folder.name):
         raise Refused(f"{folder}: not a run folder (<runs>/<UTC time>-<random>/)")
     path = folder / "measurement.json"
     if not path.is_file():
@@ -183,7 +182,7 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
     refusals = validate.quality_errors(row, protocol)
     if refusals:
         raise Refused(f"quality values refused: {'; '.join(refusals)}")
-    log = folder.parent / runs.LOG_NAME
+    log = folder.parent / run_folders.LOG_NAME
     line = append_row(log, row)
     print(f"{folder}: recorded in {log}, line {line}")
     return 0

@@ -28,10 +28,9 @@ from pathlib import Path
 import launcher
 import mesure_memoire
 import record
+import run_folders
 import validate
 import yaml
-
-import runs
 
 DIMENSIONS = ("batch", "context", "width")
 SIZES = ("batch", "context", "width", "dtype", "warmup", "repeats")
@@ -85,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         parser.add_argument(f"--{name}", type=mesure_memoire.positive_int, default=default)
     parser.add_argument("--dtype", choices=sorted(mesure_memoire.DTYPE_BYTES), default="float32")
-    parser.add_argument("--runs-dir", default=str(runs.RUNS), help=argparse.SUPPRESS)
+    parser.add_argument("--runs-dir", default=str(run_folders.RUNS), help=argparse.SUPPRESS)
     parser.add_argument("--no-fork", action="store_true", help="fresh interpreters instead")
     return parser
 
@@ -151,7 +150,7 @@ class Point:
     overlaps that process's exit; its row is appended while the next point measures."""
 
     def __init__(self, runner, runs_dir: Path, device: str, configuration: dict, after=None):
-        self.run_id = runs.new_run_id()
+        self.run_id = run_folders.new_run_id()
         self.folder = runs_dir / f".{self.run_id}.partial"
         self.folder.mkdir()
         argv = ["measure", "--device", device, "--output", str(self.folder / "measurement.json")]
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = plan["stop"]
     total = stop.get("max_steps")
     runner = launcher.Launcher(fork=not args.no_fork)
-    sweep_dir = runs_dir / f"{runs.new_run_id()}-sweep"
+    sweep_dir = runs_dir / f"{run_folders.new_run_id()}-sweep"
     configuration = dict(plan["base"], **{plan["vary"]: plan["start"]})
     points, reason, exit_code = [], None, 0
     started = last = time.perf_counter()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from hypothesis import assume, example, given, settings
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +31,6 @@ TARIFFS = ROOT / "data" / "tarifs-forfaits.csv"
 SCHEMA = json.loads((ROOT / "schemas" / "tariff-row.schema.json").read_text(encoding="utf-8"))
 FIXTURES = Path(__file__).resolve().parent / "data" / "tariffs"
 PREFIX = "calcul_forfaits.py: error: "
-UNTIMED = settings(deadline=None)  # these check results, not speed: a slow CI host is no failure
 COUNT = "must be a positive integer from 1 to 999999999999, got"
 DAYS = "argument --days: must be 3, 7 or 30 (whole packages only, no proration), got"
 
@@ -256,7 +255,6 @@ def test_unit_cost_is_the_full_package_price_per_accepted_result(argv, unit_cost
 # ---------------------------------------------------------------- properties
 
 
-@UNTIMED
 @given(row=st.sampled_from(ROWS), lots=st.integers(1, 10**12 - 1))
 def test_total_and_gpus_scale_linearly_with_lots(row, lots):
     one = cf.quote(CATALOGUE, row["gpu"], int(row["days"]), lots=1)
@@ -265,7 +263,6 @@ def test_total_and_gpus_scale_linearly_with_lots(row, lots):
     assert many["gpus"] == one["gpus"] * lots
 
 
-@UNTIMED
 @given(row=st.sampled_from(ROWS), gpus=st.integers(1, 10_000))
 def test_asking_for_gpus_buys_the_fewest_whole_lots(row, gpus):
     quote = cf.quote(CATALOGUE, row["gpu"], int(row["days"]), gpus=gpus)
@@ -273,7 +270,6 @@ def test_asking_for_gpus_buys_the_fewest_whole_lots(row, gpus):
     assert quote["total_cents"] == quote["lots"] * int(row["lot_price_cents"])
 
 
-@UNTIMED
 @given(total=st.integers(1, 10**18), results=st.integers(1, 10**12))
 @example(total=1, results=200)  # exactly half a hundredth: rounds to 0 (even)
 @example(total=3, results=200)  # 1.5 hundredths: rounds to 2 (even)
@@ -284,7 +280,6 @@ def test_unit_cost_times_results_comes_back_to_the_total(total, results):
     assert abs(Fraction(hundredths, 100) * results - total) <= Fraction(5, 1000) * results
 
 
-@UNTIMED
 @given(lots=st.integers(1, 50), results=st.integers(1, 10**9))
 def test_json_unit_cost_follows_the_rounding_rule(lots, results):
     quote = quote_json(
@@ -303,7 +298,6 @@ BAD_TEXT = st.one_of(
 )
 
 
-@UNTIMED
 @given(option=st.sampled_from(["--lots", "--gpus", "--accepted-results"]), value=BAD_TEXT)
 @example(option="--accepted-results", value="0")
 @example(option="--accepted-results", value="-5")
@@ -317,7 +311,6 @@ def test_a_bad_count_never_produces_a_result(option, value):
         assert err == f"{PREFIX}argument {option}: {COUNT} {value!r}\n"
 
 
-@UNTIMED
 @given(value=BAD_TEXT)
 def test_a_bad_duration_never_produces_a_result(value):
     code, out, err = call("--gpu", "l4", f"--days={value}")
@@ -328,7 +321,6 @@ def test_a_bad_duration_never_produces_a_result(value):
         assert err == f"{PREFIX}{DAYS} {value!r}\n"
 
 
-@UNTIMED
 @given(value=st.one_of(BAD_TEXT, st.from_regex(r"[0-9]{1,3}(\.[0-9]{1,2})?", fullmatch=True)))
 def test_memory_filter_keeps_exactly_the_models_with_enough_memory(value):
     code, out, err = call("--compare", "--days", "7", f"--min-memory-gib={value}", "--json")
@@ -653,7 +645,6 @@ CELL_VALUES = st.one_of(
 )
 
 
-@UNTIMED
 @given(column=st.sampled_from([c for c in cf.COLUMNS if c != "days"]), value=CELL_VALUES)
 def test_schema_and_script_agree_on_any_cell_value(column, value):
     """One column changed where no cross-row rule can object: only the row rules decide."""

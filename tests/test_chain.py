@@ -13,11 +13,10 @@ import sys
 
 import chain
 import pytest
+import run_folders
 import runfixtures
 import validate
 from conftest import PIPELINE, ROOT, cuda_available, run_script
-
-import runs
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_NOX = importlib.util.find_spec("nox") is not None
@@ -55,14 +54,14 @@ def test_the_chain_stops_at_the_measurement_without_a_gpu(tmp_path):
     runs_dir = tmp_path / "runs"
     earlier = runfixtures.make_run(runs_dir, 1)
     assert run_script("record.py", str(earlier)).returncode == 0
-    log = runs_dir / runs.LOG_NAME
+    log = runs_dir / run_folders.LOG_NAME
     before = log.read_bytes()
     result = nox("-s", "measure", "--", "--device", "cuda:0", runs_dir=runs_dir)
     assert result.returncode == 2, result.stdout
     assert "mesure_memoire.py: error: no GPU is visible to PyTorch" in result.stdout
     assert "chain.py: measure exited 2: nothing recorded;" in result.stdout
     [kept] = [folder for folder in folders(runs_dir) if folder != earlier]
-    assert runs.RUN_ID.fullmatch(kept.name)
+    assert run_folders.RUN_ID.fullmatch(kept.name)
     assert sorted(p.name for p in kept.iterdir()) == ["environment.json"]
     environment = json.loads((kept / "environment.json").read_bytes())
     assert environment["environment"]["gpu"]["available"] is False
@@ -87,7 +86,7 @@ def test_one_fresh_chain_per_gpu_side_by_side(tmp_path, monkeypatch):
         for folder in made
     )
     assert devices == ["cuda:0", "cuda:1"]
-    assert not (tmp_path / runs.LOG_NAME).exists()
+    assert not (tmp_path / run_folders.LOG_NAME).exists()
 
 
 @needs_cpu_torch
@@ -120,7 +119,7 @@ def test_after_the_measurement_the_chain_validates_and_records(
     assert chain.main(["--device", "cuda:0", "--runs-dir", str(tmp_path)]) == code
     [folder] = folders(tmp_path)
     parsed, problems = validate.parse_log(
-        (tmp_path / runs.LOG_NAME).read_bytes(), validate.kit_header()
+        (tmp_path / run_folders.LOG_NAME).read_bytes(), validate.kit_header()
     )
     assert problems == []
     [(_, row)] = parsed
@@ -135,7 +134,7 @@ def test_an_invalid_measurement_stops_the_chain_with_exit_1_and_keeps_the_files(
     assert chain.main(["--device", "cuda:0", "--runs-dir", str(tmp_path)]) == 1
     [folder] = folders(tmp_path)
     assert sorted(p.name for p in folder.iterdir()) == ["environment.json", "measurement.json"]
-    assert not (tmp_path / runs.LOG_NAME).exists()
+    assert not (tmp_path / run_folders.LOG_NAME).exists()
 
 
 @pytest.mark.parametrize(
@@ -169,20 +168,20 @@ def test_a_run_folder_is_never_reused(tmp_path, monkeypatch):
     taken.mkdir()
     (taken / "measurement.json").write_bytes(b"evidence")
     ids = iter([taken.name, taken.name, runfixtures.run_id(2)])
-    monkeypatch.setattr(runs, "new_run_id", lambda: next(ids))
-    assert runs.new_run_folder(tmp_path) == tmp_path / runfixtures.run_id(2)
+    monkeypatch.setattr(run_folders, "new_run_id", lambda: next(ids))
+    assert run_folders.new_run_folder(tmp_path) == tmp_path / runfixtures.run_id(2)
     assert (taken / "measurement.json").read_bytes() == b"evidence"
-    monkeypatch.setattr(runs, "new_run_id", lambda: taken.name)
+    monkeypatch.setattr(run_folders, "new_run_id", lambda: taken.name)
     with pytest.raises(FileExistsError):
-        runs.new_run_folder(tmp_path)
+        run_folders.new_run_folder(tmp_path)
 
 
 def test_run_ids_sort_by_time_and_match_the_row_schema():
-    first, second = runs.new_run_id(), runs.new_run_id()
-    assert runs.RUN_ID.fullmatch(first)
+    first, second = run_folders.new_run_id(), run_folders.new_run_id()
+    assert run_folders.RUN_ID.fullmatch(first)
     assert first[:16] <= second[:16]
     schema = json.loads((ROOT / "schemas" / "results-row.schema.json").read_text())
-    assert schema["properties"]["run_id"]["pattern"] == f"^{runs.RUN_ID.pattern}$"
+    assert schema["properties"]["run_id"]["pattern"] == f"^{run_folders.RUN_ID.pattern}$"
 
 
 @pytest.mark.parametrize(
@@ -227,7 +226,7 @@ def test_the_benchmark_runs_its_rounds_in_a_scratch_runs_directory(tmp_path):
     fake = tmp_path / "python3"
     fake.write_text("#!/bin/sh\nexit 0\n")
     fake.chmod(0o755)
-    before = sorted(runs.RUNS.iterdir())
+    before = sorted(run_folders.RUNS.iterdir())
     bench = str(ROOT / "tests" / "benchmarks" / "bench_measure_chain.py")
     env = {**os.environ, "ITERAGPU_PYTHON": str(fake)}
     result = subprocess.run(
@@ -239,7 +238,7 @@ def test_the_benchmark_runs_its_rounds_in_a_scratch_runs_directory(tmp_path):
     assert lines[2].startswith("medians of 2 rounds on cuda:0")
     assert lines[3].startswith("a/c = ")
     assert lines[4].startswith("b/c = ")
-    assert sorted(runs.RUNS.iterdir()) == before
+    assert sorted(run_folders.RUNS.iterdir()) == before
 
 
 @needs_cpu_torch
@@ -260,7 +259,7 @@ def test_the_benchmark_without_a_gpu_is_one_line_and_exit_2():
 
 def the_row(runs_dir, folder) -> dict:
     parsed, problems = validate.parse_log(
-        (runs_dir / runs.LOG_NAME).read_bytes(), validate.kit_header()
+        (runs_dir / run_folders.LOG_NAME).read_bytes(), validate.kit_header()
     )
     assert problems == []
     [row] = [row for _, row in parsed if row["run_id"] == folder.name]
@@ -300,12 +299,12 @@ def test_on_a_gpu_an_out_of_memory_run_is_recorded_and_exits_3(tmp_path):
 @pytest.mark.gpu
 @needs_nox
 def test_on_a_gpu_nox_measure_uses_the_runs_directory_it_is_given(tmp_path):
-    before = sorted(runs.RUNS.iterdir())
+    before = sorted(run_folders.RUNS.iterdir())
     result = nox("-s", "measure", "--", "--device", "cuda:0", "--width", "128", runs_dir=tmp_path)
     assert result.returncode == 0, result.stdout
     [folder] = folders(tmp_path)
     assert the_row(tmp_path, folder)["width"] == "128"
-    assert sorted(runs.RUNS.iterdir()) == before
+    assert sorted(run_folders.RUNS.iterdir()) == before
 
 
 @pytest.mark.gpu
@@ -320,4 +319,4 @@ def test_on_a_gpu_device_all_gives_one_row_per_gpu(tmp_path):
     for folder in made:
         environment = json.loads((folder / "environment.json").read_bytes())["environment"]
         assert environment["process_start"].startswith("forked from a server")
-    assert run_script("validate.py", str(tmp_path / runs.LOG_NAME)).returncode == 0
+    assert run_script("validate.py", str(tmp_path / run_folders.LOG_NAME)).returncode == 0

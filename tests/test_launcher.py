@@ -134,7 +134,7 @@ def test_the_server_preloads_torch_and_the_pipeline_modules_the_parent_imported(
     """)
     preload = ast.literal_eval(result.stdout.splitlines()[-1])
     assert preload[0] == "torch"
-    assert {"launcher", "mesure_memoire", "record", "validate", "runs"} <= set(preload)
+    assert {"launcher", "mesure_memoire", "record", "validate", "run_folders"} <= set(preload)
     assert "__main__" not in preload
 
 

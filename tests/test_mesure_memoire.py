@@ -352,3 +352,41 @@ def test_environment_output_and_output_must_differ(tmp_path):
     assert result.returncode == 2
     assert "must be two files" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- new files
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o027])
+def test_a_new_file_follows_the_umask_like_any_other_tool(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        mm.write_new(tmp_path / "a.json", b"{}\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (tmp_path / "a.json").read_bytes() == b"{}\n"
+
+
+def test_a_new_file_never_replaces_one_and_leaves_no_temp_file(tmp_path):
+    (tmp_path / "a.json").write_bytes(b"evidence")
+    with pytest.raises(FileExistsError):
+        mm.write_new(tmp_path / "a.json", b"other")
+    assert (tmp_path / "a.json").read_bytes() == b"evidence"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+@pytest.mark.skipif(not hasattr(os, "O_TMPFILE"), reason="Linux only: O_TMPFILE")
+def test_a_write_cut_short_leaves_no_name_in_the_folder(tmp_path, monkeypatch):
+    """What kill -9 before the link leaves: the data was in a file with no name at all."""
+    seen = []
+
+    def killed(fd, path):
+        seen.extend(p.name for p in tmp_path.iterdir())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mm, "link_unnamed", killed)
+    with pytest.raises(KeyboardInterrupt):
+        mm.write_new(tmp_path / "a.json", b"{}\n")
+    assert seen == []
+    assert list(tmp_path.iterdir()) == []

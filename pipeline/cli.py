@@ -1,0 +1,55 @@
+"""What every pipeline script shares on its command line: one-line errors, exit codes, new files.
+
+A usage error is one line on stderr and exit 2, with nothing written; the kit script
+`mesure_memoire.py` ships alone and keeps the same rules in its own code, and the pipeline
+reuses its `UsageError` and `write_new` so that there is one of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import mesure_memoire
+
+OK, INVALID, USAGE, OUT_OF_MEMORY, INTERRUPTED = 0, 1, 2, 3, 130
+
+UsageError = mesure_memoire.UsageError
+write_new = mesure_memoire.write_new
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line, without the usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def run(prog: str, body: Callable[[], int], interrupted: str = "every file written is whole"):
+    """Call body(); a UsageError or OSError becomes one line and exit 2, Ctrl-C exit 130."""
+    try:
+        return body()
+    except (UsageError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted: {interrupted}", file=sys.stderr)
+        return INTERRUPTED
+
+
+def device(text: str) -> str:
+    """A GPU device as `measure` takes it (`cuda` or `cuda:N`), checked before any work."""
+    try:
+        mesure_memoire.device_index(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"argument --device: {exc}") from None
+    return text
+
+
+def existing_folder(path: Path) -> Path:
+    """A folder that must exist already (runs directories are never created implicitly)."""
+    if not path.is_dir():
+        raise UsageError(f"{path} is not an existing folder")
+    return path
