@@ -40,6 +40,7 @@ EXCLUDED = {
     "device_index",
     "library_block",
     "print_phase_prediction",
+    "add_configuration",
     "build_parser",
     "main",
 }
@@ -59,9 +60,8 @@ SECTION_MARK = re.compile(r"# -{8,} (.+)")
 RUN_CODE = {
     "print_estimate": "print_estimate(estimate(ARGS.parameters, ARGS.bits, ARGS.reserve_gib))",
     "collect_environment": (
-        "environment = collect_environment(\n"
-        "    ARGS.device, ARGS.device_text, process_start=ARGS.process_start\n"
-        ")\n"
+        "environment = collect_environment("
+        "ARGS.device, ARGS.device_text, process_start=ARGS.process_start)\n"
         "print(json.dumps(environment, indent=2, ensure_ascii=False))"
     ),
     "measure": "exit_code = measure(ARGS)",

@@ -42,6 +42,18 @@ GB = 10**9
 HIDDEN_FACTOR = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 EXIT_OK, EXIT_USAGE, EXIT_OOM = 0, 2, 3
+# The measured configuration and its defaults: `measure`, `estimate --phases` and the
+# pipeline's sweeps take the same options. The phases every run has, in order; then one
+# warm_forward row per repetition.
+CONFIGURATION_DEFAULTS = {
+    "batch": 1,
+    "context": 16,
+    "width": 64,
+    "dtype": "float32",
+    "warmup": 1,
+    "repeats": 2,
+}
+FIXED_PHASES = ("model_load", "inputs", "cold_forward", "warmup")
 # How the measuring process was started, recorded in environment.process_start: `main`'s
 # default; the pipeline's launcher passes its own for the children it forks.
 FRESH_INTERPRETER = "fresh interpreter"
@@ -1028,6 +1040,26 @@ def measure(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- command line
 
 
+def add_configuration(group) -> None:
+    """The configuration options, with their defaults shown in --help."""
+    what = {
+        "batch": "inputs per pass",
+        "context": "positions per input",
+        "width": "the network's width (hidden layer: 4 x width)",
+        "dtype": "weights and inputs",
+        "warmup": "warm-up passes (one row)",
+        "repeats": "timed passes (a row each)",
+    }
+    for name, default in CONFIGURATION_DEFAULTS.items():
+        help_text = f"{what[name]} (default {default})"
+        if name == "dtype":
+            group.add_argument(
+                "--dtype", choices=sorted(DTYPE_BYTES), default=default, help=help_text
+            )
+        else:
+            group.add_argument(f"--{name}", type=positive_int, default=default, help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mesure_memoire.py",
@@ -1042,12 +1074,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     phases = p.add_argument_group("--phases: predict each phase's counters for measure")
     phases.add_argument("--phases", action="store_true", help="predict instead of --parameters")
-    phases.add_argument("--batch", type=positive_int, default=1)
-    phases.add_argument("--context", type=positive_int, default=16)
-    phases.add_argument("--width", type=positive_int, default=64)
-    phases.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32")
-    phases.add_argument("--warmup", type=positive_int, default=1)
-    phases.add_argument("--repeats", type=positive_int, default=2)
+    add_configuration(phases)
     phases.add_argument(
         "--library-block",
         type=library_block,
@@ -1063,13 +1090,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("measure", help="measure the synthetic network phase by phase")
     p.add_argument("--device", required=True, help="cuda or cuda:N (never the CPU)")
-    p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--context", type=positive_int, default=16, help="positions per input")
-    p.add_argument("--width", type=positive_int, default=64)
-    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32")
-    p.add_argument("--warmup", type=positive_int, default=1, help="warm-up passes (one row)")
-    p.add_argument("--repeats", type=positive_int, default=2, help="timed passes (a row each)")
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    add_configuration(p)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="weights' seed (default 0)")
     p.add_argument(
         "--reference-timing",
         action="store_true",
