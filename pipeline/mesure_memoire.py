@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from decimal import Context, Decimal, InvalidOperation
+from functools import partial
 from pathlib import Path
 
 TOOL = {"name": "mesure_memoire.py", "version": "1.0.0"}
@@ -57,6 +58,33 @@ FIXED_PHASES = ("model_load", "inputs", "cold_forward", "warmup")
 # How the measuring process was started, recorded in environment.process_start: `main`'s
 # default; the pipeline's launcher passes its own for the children it forks.
 FRESH_INTERPRETER = "fresh interpreter"
+
+# The two Linear layers' keys in the nn.Sequential (GELU is "1"): the library blocks are
+# calibrated and predicted per layer.
+FIRST_LINEAR, SECOND_LINEAR = "0", "2"
+COUNTER_KEYS = (
+    "baseline_allocated_bytes",
+    "baseline_reserved_bytes",
+    "allocated_bytes",
+    "reserved_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+)
+# Dense datasheet peaks (vendor, SXM parts), for scale only: this network is not a benchmark.
+DATASHEET_TFLOPS = {
+    "NVIDIA H200": {"float32": 67, "float16": 989, "bfloat16": 989},
+    "NVIDIA H100 80GB HBM3": {"float32": 67, "float16": 989, "bfloat16": 989},
+}
+
+
+# PyTorch's native CUDA caching allocator with its default settings (c10/cuda/
+# CUDACachingAllocator.cpp): every block is a multiple of 512 bytes; requests up to 1 MiB
+# come from 2 MiB "small" segments; larger ones from 20 MiB segments (under 10 MiB) or from
+# segments rounded up to 2 MiB; a free block is reused best-fit and split only when the rest
+# is at least 512 bytes (small pool) or more than 1 MiB (large pool), so a large request can
+# be handed a whole block bigger than itself.
+MIN_BLOCK, SMALL_SIZE, SMALL_SEGMENT = 512, 2**20, 2 * 2**20
+LARGE_SEGMENT, MIN_LARGE_ALLOC, ROUND_LARGE = 20 * 2**20, 10 * 2**20, 2 * 2**20
 
 NOT_INCLUDED = (
     "Weights only. Not included: activations, KV cache, quantization metadata, gradients, "
@@ -150,7 +178,8 @@ def exact_ratio(numerator: int, denominator: int) -> Decimal:
 
 
 def estimate(parameters: int, bits: int, reserve_gib: Decimal) -> dict:
-    """Spec rules 6-10: bytes = ceil(parameters * bits / 8); exact decimal, no floats."""
+    """bytes = ceil(parameters * bits / 8), GiB = bytes / 2**30 and GB = bytes / 10**9, in
+    exact decimals (no float ever rounds a figure a user compares with a card)."""
     weights_bytes = -(-parameters * bits // 8)
     weights_gib = exact_ratio(weights_bytes, GIB)
     total_context = Context(prec=len(str(weights_bytes)) + 80)
@@ -279,12 +308,39 @@ def stop_cuda_driver(started) -> None:
         held.pop("release")()
 
 
+# A path inside a message: a run of non-blank characters from a root, a home or a drive.
+PATH_IN_TEXT = re.compile(r"""(?<![\w.])(?:~|[A-Za-z]:)?[\\/][^\s'"(),;:]*""")
+
+
+def without_personal(text: str) -> str:
+    """A message as it may be recorded: every path becomes <path> (its file name kept when
+    it has an extension, e.g. <path>/libcudart.so.12), and the user's name becomes <user>."""
+
+    def hide(match: re.Match) -> str:
+        name = re.split(r"[\\/]", match.group(0).rstrip("/\\"))[-1]
+        return f"<path>/{name}" if re.fullmatch(r"[\w+-]+\.[\w.+-]+", name) else "<path>"
+
+    text = PATH_IN_TEXT.sub(hide, text)
+    names = {Path.home().name}
+    try:
+        import pwd  # POSIX only
+
+        names.add(pwd.getpwuid(os.getuid()).pw_name)
+    except (ImportError, KeyError, OSError):
+        pass
+    for name in sorted(n for n in names if len(n) >= 2 and n not in ("root",)):
+        text = re.sub(rf"(?<![\w]){re.escape(name)}(?![\w])", "<user>", text)
+    return text
+
+
 def import_torch():
-    """The exit-2 guard: no PyTorch means no measurement, and no fake one."""
+    """The exit-2 guard: no PyTorch means no measurement, and no fake one. The message keeps
+    the exception's type and text without paths or the user's name: it is recorded."""
     try:
         import torch
     except Exception as exc:  # ImportError, or a broken install raising OSError and friends
-        raise UsageError(f"PyTorch is not importable ({type(exc).__name__}: {exc})") from None
+        detail = without_personal(f"{type(exc).__name__}: {exc}")
+        raise UsageError(f"PyTorch is not importable ({detail})") from None
     return torch
 
 
@@ -318,7 +374,8 @@ def describe_device(torch, index: int) -> dict:
 def collect_environment(
     index: int, requested: str, driver_query=None, process_start: str = FRESH_INTERPRETER
 ) -> dict:
-    """Rules 11-13. Never raises for a missing PyTorch or GPU: it says so instead."""
+    """What ran the measurement, nothing personal (no host name, user, path or GPU serial).
+    Never raises for a missing PyTorch or GPU: it says so instead."""
     if driver_query is None:
         driver_query = start_driver_query()
     environment = {
@@ -356,7 +413,7 @@ def collect_environment(
 
 
 def refuse_existing(path: Path) -> None:
-    """Rule 18, checked before any work: an existing result is never replaced."""
+    """Checked before any work: an existing result is never replaced."""
     if os.path.lexists(path):
         raise UsageError(f"{path} already exists: results are never overwritten; choose a new name")
     if not path.parent.is_dir():
@@ -425,15 +482,6 @@ def utc_now() -> str:
 
 
 # ---------------------------------------------------------------- prediction (no GPU)
-
-# PyTorch's native CUDA caching allocator with its default settings (c10/cuda/
-# CUDACachingAllocator.cpp): every block is a multiple of 512 bytes; requests up to 1 MiB
-# come from 2 MiB "small" segments; larger ones from 20 MiB segments (under 10 MiB) or from
-# segments rounded up to 2 MiB; a free block is reused best-fit and split only when the rest
-# is at least 512 bytes (small pool) or more than 1 MiB (large pool), so a large request can
-# be handed a whole block bigger than itself.
-MIN_BLOCK, SMALL_SIZE, SMALL_SEGMENT = 512, 2**20, 2 * 2**20
-LARGE_SEGMENT, MIN_LARGE_ALLOC, ROUND_LARGE = 20 * 2**20, 10 * 2**20, 2 * 2**20
 
 
 class AllocatorModel:
@@ -531,7 +579,7 @@ def predict_phases(configuration: dict, library_blocks: list[dict]) -> list[dict
     rows: list[dict] = []
     kept: list = []  # parameters, input and library blocks: they stay to the end
     outputs: list = []  # the output of the last pass, alive when end values are read
-    library_pending = {"0": True, "2": True}
+    library_pending = {FIRST_LINEAR: True, SECOND_LINEAR: True}
 
     def record(phase: str, steps) -> None:
         row = {"phase": phase}
@@ -542,7 +590,7 @@ def predict_phases(configuration: dict, library_blocks: list[dict]) -> list[dict
         row["peak_allocated_bytes"] = allocator.peak_allocated
         row["peak_reserved_bytes"] = allocator.peak_reserved
         rows.append(row)
-        while outputs:  # freed after the end values, before the next phase (rule 21)
+        while outputs:  # freed after the end values, before the next phase
             allocator.free(outputs.pop())
 
     def library(layer: str) -> None:
@@ -556,11 +604,11 @@ def predict_phases(configuration: dict, library_blocks: list[dict]) -> list[dict
         while outputs:  # the previous pass's output is freed before the next pass
             allocator.free(outputs.pop())
         h1 = allocator.malloc(tokens * hidden * size)
-        library("0")
+        library(FIRST_LINEAR)
         h2 = allocator.malloc(tokens * hidden * size)
         allocator.free(h1)
         y = allocator.malloc(tokens * width * size)
-        library("2")
+        library(SECOND_LINEAR)
         allocator.free(h2)
         outputs.append(y)
 
@@ -582,7 +630,7 @@ def predict_phases(configuration: dict, library_blocks: list[dict]) -> list[dict
 
 
 def library_block(text: str) -> dict:
-    match = re.fullmatch(r"([02]):([0-9]{1,15})", text)
+    match = re.fullmatch(rf"({FIRST_LINEAR}|{SECOND_LINEAR}):([0-9]{{1,15}})", text)
     if not match or int(match.group(2)) == 0:
         raise argparse.ArgumentTypeError(f"expected LAYER:BYTES with LAYER 0 or 2, got {text!r}")
     return {"layer": match.group(1), "requested_bytes": int(match.group(2))}
@@ -740,21 +788,21 @@ def calibrate_library_blocks(torch, device, model, x) -> dict:
     report["cleared_bytes"] = before_clear - torch.cuda.memory_allocated(device)
     seen = active()
     with torch.inference_mode():
-        hidden = model[0](x)
+        hidden = model.get_submodule(FIRST_LINEAR)(x)
         torch.cuda.synchronize(device)
         after = active()
         for key in sorted(set(after) - set(seen)):
             if key[0] != hidden.untyped_storage().data_ptr():
-                report["blocks"].append({"layer": "0", "requested_bytes": after[key]})
-        activated = model[1](hidden)
+                report["blocks"].append({"layer": FIRST_LINEAR, "requested_bytes": after[key]})
+        activated = model.get_submodule("1")(hidden)  # GELU
         del hidden
-        output = model[2](activated)
+        output = model.get_submodule(SECOND_LINEAR)(activated)
         del activated
         torch.cuda.synchronize(device)
         final = active()
         for key in sorted(set(final) - set(after)):
             if key[0] != output.untyped_storage().data_ptr():
-                report["blocks"].append({"layer": "2", "requested_bytes": final[key]})
+                report["blocks"].append({"layer": SECOND_LINEAR, "requested_bytes": final[key]})
         del output
     return report
 
@@ -776,131 +824,132 @@ def reference_timing(torch, model, x) -> dict:
     }
 
 
+def run_phase(cuda, device, name: str, operation, repetition: int | None = None, passes: int = 1):
+    """One phase under the protocol: synchronise, baseline, peak reset, run, synchronise, end
+    values. Returns (row, what the operation returned); the caller keeps what it needs (the
+    model, the input) and drops a pass's output at once, after the end values were read.
+    An out-of-memory inside the operation raises OutOfMemory with the row read after it."""
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    cuda.synchronize(device)
+    row: dict = {"phase": name}
+    if repetition is not None:
+        row["repetition"] = repetition
+    row["passes"] = passes
+    row["baseline_allocated_bytes"] = cuda.memory_allocated(device)
+    row["baseline_reserved_bytes"] = cuda.memory_reserved(device)
+    cuda.reset_peak_memory_stats(device)
+    failure, result = None, None
+    t0 = time.perf_counter_ns()
+    start.record()
+    try:
+        result = operation()
+    except cuda.OutOfMemoryError as exc:
+        failure = str(exc)
+    end.record()
+    cuda.synchronize(device)
+    t1 = time.perf_counter_ns()
+    row["wall_time_ns"] = t1 - t0
+    row["event_time_ns"] = round(start.elapsed_time(end) * 1_000_000)
+    row["allocated_bytes"] = cuda.memory_allocated(device)
+    row["reserved_bytes"] = cuda.memory_reserved(device)
+    row["peak_allocated_bytes"] = cuda.max_memory_allocated(device)
+    row["peak_reserved_bytes"] = cuda.max_memory_reserved(device)
+    if failure is not None:
+        raise OutOfMemory(row, failure)
+    return row, result
+
+
+def build_model(torch, width: int, dtype, seed: int, device):
+    """Built on the CPU (a failure there is the host's, never a GPU observation), then moved."""
+    torch.manual_seed(seed)
+    hidden = HIDDEN_FACTOR * width
+    try:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(width, hidden, bias=True),
+            torch.nn.GELU(approximate="none"),
+            torch.nn.Linear(hidden, width, bias=True),
+        ).to(dtype=dtype)
+    except RuntimeError as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"--width {width}: the host could not build the model ({first})") from None
+    return model.to(device).eval()
+
+
+def make_input(torch, shape: tuple[int, int, int], dtype, seed: int, device):
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return torch.randn(shape, generator=generator, device=device, dtype=dtype)
+
+
+def forward_passes(torch, model, x, count: int):
+    """`count` passes; each pass's output is freed before the next; the last one is returned,
+    so that it is alive when the phase's end values are read."""
+    with torch.inference_mode():
+        output = None
+        for _ in range(count):
+            output = None
+            output = model(x)
+        return output
+
+
+def pass_plan(args: argparse.Namespace) -> list[tuple[str, int | None, int]]:
+    """The forward phases after the model and the input: (name, repetition, passes)."""
+    plan: list[tuple[str, int | None, int]] = [("cold_forward", None, 1)]
+    plan.append(("warmup", None, args.warmup))
+    plan += [("warm_forward", i, 1) for i in range(1, args.repeats + 1)]
+    return plan
+
+
+def measure_phases(torch, args: argparse.Namespace, device, phases: list):
+    """Every phase in order, each row appended as soon as it is read; returns the model and
+    the input for the calibration. Raises OutOfMemory at the phase that ran out."""
+    cuda, dtype = torch.cuda, getattr(torch, args.dtype)
+    shape = (args.batch, args.context, args.width)
+    row, model = run_phase(
+        cuda, device, "model_load", lambda: build_model(torch, args.width, dtype, args.seed, device)
+    )
+    phases.append(row)
+    row, x = run_phase(
+        cuda, device, "inputs", lambda: make_input(torch, shape, dtype, args.seed, device)
+    )
+    phases.append(row)
+    for name, repetition, count in pass_plan(args):
+        operation = partial(forward_passes, torch, model, x, count)
+        # [0]: the pass's output, alive for the end values, is dropped before the next phase.
+        phases.append(run_phase(cuda, device, name, operation, repetition, count)[0])
+    return model, x
+
+
 def run_measurement(args: argparse.Namespace, document: dict) -> int:
-    """Rules 14-24, phase by phase: sync, baseline, peak reset, run, sync, end values."""
+    """The phases, then the library calibration and the predictions beside the counters."""
     torch = import_torch()
-    index = args.device
-    check_gpu(torch, index, args.device_text)
-    device = torch.device("cuda", index)
+    check_gpu(torch, args.device, args.device_text)
+    device = torch.device("cuda", args.device)
     torch.cuda.set_device(device)
     torch.cuda.init()
-    dtype = getattr(torch, args.dtype)
-    cuda = torch.cuda
-    oom_errors = (torch.cuda.OutOfMemoryError,)
-    state: dict = {}
-
-    def phase(name: str, operation, repetition: int | None = None, passes: int = 1) -> dict:
-        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-        cuda.synchronize(device)
-        row = {"phase": name}
-        if repetition is not None:
-            row["repetition"] = repetition
-        row["passes"] = passes
-        row["baseline_allocated_bytes"] = cuda.memory_allocated(device)
-        row["baseline_reserved_bytes"] = cuda.memory_reserved(device)
-        cuda.reset_peak_memory_stats(device)
-        failure = None
-        t0 = time.perf_counter_ns()
-        start.record()
-        try:
-            result = operation()
-        except oom_errors as exc:
-            failure, result = str(exc), None
-        end.record()
-        cuda.synchronize(device)
-        t1 = time.perf_counter_ns()
-        row["wall_time_ns"] = t1 - t0
-        row["event_time_ns"] = round(start.elapsed_time(end) * 1_000_000)
-        row["allocated_bytes"] = cuda.memory_allocated(device)
-        row["reserved_bytes"] = cuda.memory_reserved(device)
-        row["peak_allocated_bytes"] = cuda.max_memory_allocated(device)
-        row["peak_reserved_bytes"] = cuda.max_memory_reserved(device)
-        del result  # rule 21: the pass's output existed for the end values; freed now
-        if failure is not None:
-            raise OutOfMemory(row, failure)
-        return row
-
-    def load_model():
-        torch.manual_seed(args.seed)
-        hidden = HIDDEN_FACTOR * args.width
-        try:  # on the CPU: a failure here is the host's, never a GPU observation
-            model = torch.nn.Sequential(
-                torch.nn.Linear(args.width, hidden, bias=True),
-                torch.nn.GELU(approximate="none"),
-                torch.nn.Linear(hidden, args.width, bias=True),
-            ).to(dtype=dtype)
-        except RuntimeError as exc:
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            message = f"--width {args.width}: the host could not build the model ({first})"
-            raise UsageError(message) from None
-        state["model"] = model.to(device).eval()
-
-    def make_inputs():
-        generator = torch.Generator(device=device)
-        generator.manual_seed(args.seed)
-        shape = (args.batch, args.context, args.width)
-        state["x"] = torch.randn(shape, generator=generator, device=device, dtype=dtype)
-
-    def forward(count: int = 1):
-        def passes():
-            with torch.inference_mode():
-                output = None
-                for _ in range(count):
-                    output = None  # the previous pass's output is freed before the next
-                    output = state["model"](state["x"])
-                return output
-
-        return passes
-
-    plan = [("model_load", load_model, None, 1), ("inputs", make_inputs, None, 1)]
-    plan.append(("cold_forward", forward(), None, 1))
-    plan.append(("warmup", forward(args.warmup), None, args.warmup))
-    plan += [("warm_forward", forward(), i, 1) for i in range(1, args.repeats + 1)]
-
-    phases = document["phases"]
-    exit_code = EXIT_OK
-    for name, operation, repetition, passes in plan:
-        try:
-            phases.append(phase(name, operation, repetition, passes))
-        except OutOfMemory as oom:
-            document["status"] = "out_of_memory"
-            document["failure"] = {
-                "phase": name,
-                "repetition": repetition,
-                "error": oom_summary(str(oom)),
-                "counters_after_failure": {
-                    k: v for k, v in oom.row.items() if k.endswith("_bytes")
-                },
-            }
-            exit_code = EXIT_OOM
-            break
-    else:
-        document["status"] = "completed"
-    calibration = {"blocks": [], "error": "not run: the measurement ran out of memory"}
-    if exit_code == EXIT_OK:
-        calibration = calibrate_library_blocks(torch, device, state["model"], state["x"])
-    document["calibration"] = calibration
-    reference = None
-    if exit_code == EXIT_OK and args.reference_timing:
-        reference = reference_timing(torch, state["model"], state["x"])
-    add_predictions(document, calibration["blocks"])
+    try:
+        model, x = measure_phases(torch, args, device, document["phases"])
+    except OutOfMemory as oom:
+        document["status"] = "out_of_memory"
+        document["failure"] = {
+            "phase": oom.row["phase"],
+            "repetition": oom.row.get("repetition"),
+            "error": oom_summary(str(oom)),
+            "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
+        }
+        document["calibration"] = {
+            "blocks": [],
+            "error": "not run: the measurement ran out of memory",
+        }
+        add_predictions(document, [])
+        document["summary"] = summarise(document)
+        return EXIT_OOM
+    document["status"] = "completed"
+    document["calibration"] = calibrate_library_blocks(torch, device, model, x)
+    reference = reference_timing(torch, model, x) if args.reference_timing else None
+    add_predictions(document, document["calibration"]["blocks"])
     document["summary"] = summarise(document, reference)
-    return exit_code
-
-
-COUNTER_KEYS = (
-    "baseline_allocated_bytes",
-    "baseline_reserved_bytes",
-    "allocated_bytes",
-    "reserved_bytes",
-    "peak_allocated_bytes",
-    "peak_reserved_bytes",
-)
-# Dense datasheet peaks (vendor, SXM parts), for scale only: this network is not a benchmark.
-DATASHEET_TFLOPS = {
-    "NVIDIA H200": {"float32": 67, "float16": 989, "bfloat16": 989},
-    "NVIDIA H100 80GB HBM3": {"float32": 67, "float16": 989, "bfloat16": 989},
-}
+    return EXIT_OK
 
 
 def add_predictions(document: dict, library_blocks: list[dict]) -> None:

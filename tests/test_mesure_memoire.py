@@ -219,6 +219,57 @@ def test_environment_without_pytorch_says_so_and_exits_0(tmp_path):
     assert validate.validate_document(document, REGISTRY) == []
 
 
+def test_a_broken_torch_is_recorded_without_paths_or_the_user_name(tmp_path):
+    """A torch that fails to load with a path in its message (a missing CUDA library, say):
+    the type and the words are kept, the path and the user's name are not."""
+    home = tmp_path / "home" / "zoe-kowalski"
+    fake = tmp_path / "site"
+    (fake / "torch").mkdir(parents=True)
+    home.mkdir(parents=True)
+    library = home / "venv" / "lib" / "libtorch_cuda.so"
+    (fake / "torch" / "__init__.py").write_text(
+        f"raise OSError({str(library) + ': cannot open shared object file'!r} "
+        "+ ' (installed by zoe-kowalski)')\n"
+    )
+    out = tmp_path / "e.json"
+    env = {**os.environ, "PYTHONPATH": str(fake), "HOME": str(home)}
+    result = run_script(
+        "mesure_memoire.py", "environment", "--device", "cuda:0", "--output", str(out), env=env
+    )
+    assert result.returncode == 0, result.stderr
+    error = json.loads(out.read_text())["environment"]["torch"]["error"]
+    assert error == (
+        "PyTorch is not importable (OSError: <path>/libtorch_cuda.so: cannot open shared "
+        "object file (installed by <user>))"
+    )
+    result = run_script(
+        "mesure_memoire.py",
+        "measure",
+        "--device",
+        "cuda:0",
+        "--output",
+        str(tmp_path / "m.json"),
+        env=env,
+    )
+    assert result.returncode == 2
+    assert result.stderr == f"mesure_memoire.py: error: {error}\n"
+    assert "zoe" not in out.read_text() + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("message", "recorded"),
+    [
+        ("No module named 'torch'", "No module named 'torch'"),
+        ("/opt/x/libcudart.so.12: cannot open", "<path>/libcudart.so.12: cannot open"),
+        ("from 'torch' (/srv/envs/torch/__init__.py)", "from 'torch' (<path>/__init__.py)"),
+        (r"[WinError 126] C:\\Users\\x\\c10.dll missing", "[WinError 126] <path>/c10.dll missing"),
+        ("cache in ~/build/cache and/or /tmp", "cache in <path> and/or <path>"),
+    ],
+)
+def test_paths_in_messages_are_hidden_and_words_kept(message, recorded):
+    assert mm.without_personal(message) == recorded
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="needs a (CPU) torch installed")
 def test_no_gpu_guard_with_a_real_torch(tmp_path):
     import torch
