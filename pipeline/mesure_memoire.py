@@ -86,6 +86,16 @@ DATASHEET_TFLOPS = {
 MIN_BLOCK, SMALL_SIZE, SMALL_SEGMENT = 512, 2**20, 2 * 2**20
 LARGE_SEGMENT, MIN_LARGE_ALLOC, ROUND_LARGE = 20 * 2**20, 10 * 2**20, 2 * 2**20
 
+# The device-side allocator settings the prediction models, in the names and values PyTorch
+# reports (its memory snapshot's "allocator_settings"): no split limit, no garbage collection
+# threshold, no expandable segments, no power-of-two rounding. Pinned-memory settings change
+# host memory only. Other values change reserved counters the model does not follow.
+MODELLED_ALLOCATOR = {
+    "max_split_size": -1,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": False,
+}
+
 NOT_INCLUDED = (
     "Weights only. Not included: activations, KV cache, quantization metadata, gradients, "
     "optimizer state, CUDA/ROCm libraries and their workspaces, framework overhead. "
@@ -368,7 +378,43 @@ def describe_device(torch, index: int) -> dict:
         "total_memory_bytes": total,
         "free_memory_bytes_at_start": free,
         "allocator_backend": torch.cuda.get_allocator_backend(),
+        "allocator_settings": allocator_settings(torch),
     }
+
+
+def allocator_settings(torch) -> dict:
+    """The allocator's settings as PyTorch parsed them (whatever variable or call set them),
+    not the process environment: a setting PyTorch did not accept is not recorded as set."""
+    try:
+        reported = torch.cuda.memory._snapshot().get("allocator_settings")
+    except (AttributeError, RuntimeError, TypeError) as exc:
+        return {"error": f"not reported by this PyTorch ({type(exc).__name__})"}
+    if not isinstance(reported, dict):
+        return {"error": "not reported by this PyTorch (no allocator_settings in its snapshot)"}
+    return reported
+
+
+def prediction_applicability(environment: dict) -> tuple[bool, str | None]:
+    """The allocator model holds for PyTorch's native allocator with its default settings
+    only; anything else is said, and the predictions beside the counters are not a claim."""
+    gpu = environment.get("gpu", {})
+    backend = gpu.get("allocator_backend")
+    if backend != "native":
+        return False, f"allocator backend {backend!r}: the model is of the native allocator"
+    settings = gpu.get("allocator_settings", {})
+    if "error" in settings:
+        return False, f"allocator settings {settings['error']}: defaults not confirmed"
+    changed = [
+        f"{key}={settings.get(key)!r}"
+        for key, default in MODELLED_ALLOCATOR.items()
+        if settings.get(key) != default
+    ]
+    divisions = settings.get("roundup_power2_divisions")
+    if not isinstance(divisions, dict) or any(divisions.values()):
+        changed.append(f"roundup_power2_divisions={divisions!r}")
+    if changed:
+        return False, "allocator settings differ from the modelled defaults: " + ", ".join(changed)
+    return True, None
 
 
 def collect_environment(
@@ -991,6 +1037,10 @@ def summarise(document: dict, reference: dict | None = None) -> dict:
             "network's tensors and the calibrated library blocks",
         },
     }
+    applicable, because = prediction_applicability(document["environment"])
+    summary["prediction"]["applicable"] = applicable
+    if not applicable:
+        summary["prediction"]["not_applicable_because"] = because
     if not warm:
         return summary
     events = [r["event_time_ns"] for r in warm]

@@ -5,6 +5,7 @@ Each measurement runs in a fresh process, as the spec asks."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -26,10 +27,10 @@ def block(size: int) -> int:
     return -(-size // 512) * 512
 
 
-def measure(tmp_path, argv, name="m.json", expect=0):
+def measure(tmp_path, argv, name="m.json", expect=0, env=None):
     out = tmp_path / name
     result = run_script(
-        "mesure_memoire.py", "measure", "--device", "cuda:0", *argv, "--output", str(out)
+        "mesure_memoire.py", "measure", "--device", "cuda:0", *argv, "--output", str(out), env=env
     )
     assert result.returncode == expect, result.stderr
     document = json.loads(out.read_text())
@@ -83,6 +84,38 @@ def test_spec_commands_give_the_phase_table_and_exact_weight_and_input_bytes(tmp
     assert env["gpu"]["available"] is True
     assert env["driver"]["tool"] == "nvidia-smi"
     assert env["driver"]["version"]
+    assert document["summary"]["prediction"]["applicable"] is True
+    for row in phases:  # the allocator model, to the byte, on every counter
+        assert row["predicted"] == {key: row[key] for key in row["predicted"]}, row["phase"]
+
+
+def test_allocator_settings_are_recorded_and_a_non_default_one_voids_the_prediction(tmp_path):
+    """expandable_segments maps memory in place of new segments: the reserved counters no
+    longer follow the model, and the file must say so rather than claim a prediction."""
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    document = measure(tmp_path, LARGE, env=env)
+    settings = document["environment"]["gpu"]["allocator_settings"]
+    assert settings["expandable_segments"] is True
+    prediction = document["summary"]["prediction"]
+    assert prediction["applicable"] is False
+    assert prediction["not_applicable_because"] == (
+        "allocator settings differ from the modelled defaults: expandable_segments=True"
+    )
+    default = measure(
+        tmp_path,
+        LARGE,
+        name="default.json",
+        env={
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+        },
+    )
+    assert default["environment"]["gpu"]["allocator_settings"]["expandable_segments"] is False
+    assert default["summary"]["prediction"]["applicable"] is True
+    assert [r["reserved_bytes"] for r in document["phases"]] != [
+        r["reserved_bytes"] for r in default["phases"]
+    ]
 
 
 def test_out_of_memory_is_recorded_with_exit_3(tmp_path):

@@ -1,7 +1,8 @@
 """The allocator model behind the predicted counters: hand-checked cases and properties.
 
-The byte-for-byte comparison with real counters is in the committed H200 runs (every row
-carries `predicted` beside the measured values) and in tests/test_gpu_prediction.py."""
+Against real counters: every measurement committed under runs/ (run folders, sweeps and
+grids, all measured on an H200) carries `predicted` beside the measured values, and the
+tests below hold both to the byte. tests/test_gpu_measure.py does the same for new runs."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ MIB = 2**20
         (10 * MIB, 10 * MIB, 10 * MIB),  # >= 10 MiB: the segment is rounded to 2 MiB
         (10 * MIB + 512 * 1024, 10 * MIB + 512 * 1024, 12 * MIB),  # rest 1.5 MiB: split
         (11 * MIB + 512 * 1024, 12 * MIB, 12 * MIB),  # rest 0.5 MiB: handed out unsplit
+        (11 * MIB, 12 * MIB, 12 * MIB),  # rest exactly 1 MiB: split only above 1 MiB
     ],
 )
 def test_one_allocation_on_a_fresh_allocator(request_bytes, block, segment):
@@ -115,17 +117,98 @@ def test_estimate_phases_on_the_command_line():
     assert rows[2]["allocated_bytes"] == 70275072
 
 
-def committed_v2_runs():
-    return sorted(
-        p
-        for p in RUNS.glob("*/measurement.json")
-        if '"urn:iteragpu-lab:schema:measurement:v2"' in p.read_text()
+def committed_measurements():
+    """Every measurement document under runs/, in run folders, sweeps and grids alike."""
+    found = []
+    for path in sorted(RUNS.rglob("*.json")):
+        with path.open(encoding="utf-8") as handle:
+            head = handle.read(400)
+        if f'"{mm.MEASUREMENT_SCHEMA}"' in head:
+            found.append(path)
+    return found
+
+
+COMMITTED = committed_measurements()
+
+
+def test_the_committed_evidence_is_all_found():
+    """257 measurement documents were committed by 2026-12-02; more may come, never fewer."""
+    assert len(COMMITTED) >= 257
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(RUNS)))
+def test_committed_runs_were_predicted_to_the_byte_and_still_are(path):
+    document = json.loads(path.read_text())
+    assert document["phases"], "a measurement with no phase row proves nothing"
+    today = mm.predict_phases(document["configuration"], document["calibration"]["blocks"])
+    for row, expected in zip(document["phases"], today, strict=False):
+        measured = {key: row[key] for key in mm.COUNTER_KEYS}
+        assert row["predicted"] == measured, row["phase"]
+        assert {key: expected[key] for key in mm.COUNTER_KEYS} == measured, row["phase"]
+
+
+# ------------------------------------------------------------------ allocator settings
+
+SETTINGS = json.loads((RUNS.parent / "tests/data/h200/allocator-settings.json").read_text())
+
+
+def environment_with(settings: dict, backend: str = "native") -> dict:
+    return {"gpu": {"allocator_backend": backend, "allocator_settings": settings}}
+
+
+def test_the_defaults_an_h200_reports_are_the_modelled_ones():
+    default = SETTINGS["settings"]["default"]["reported"]
+    assert mm.prediction_applicability(environment_with(default)) == (True, None)
+
+
+@pytest.mark.parametrize(
+    ("case", "because"),
+    [
+        (
+            "expandable_segments",
+            "allocator settings differ from the modelled defaults: expandable_segments=True",
+        ),
+        (
+            "split_gc_rounding",
+            "allocator settings differ from the modelled defaults: max_split_size=268435456, "
+            "garbage_collection_threshold=0.6, roundup_power2_divisions={'1': 4, '2': 4, "
+            "'4': 4, '8': 4, '16': 4, '32': 4, '64': 4, '128': 4, '256': 4, '512': 4, "
+            "'1024': 4, '2048': 4, '4096': 4, '8192': 4, '16384': 4, '32768': 4}",
+        ),
+    ],
+)
+def test_settings_an_h200_reported_under_a_user_conf_make_the_prediction_not_applicable(
+    case, because
+):
+    reported = SETTINGS["settings"][case]["reported"]
+    assert mm.prediction_applicability(environment_with(reported)) == (False, because)
+
+
+def test_another_backend_or_unreadable_settings_make_the_prediction_not_applicable():
+    default = SETTINGS["settings"]["default"]["reported"]
+    assert mm.prediction_applicability(environment_with(default, "cudaMallocAsync")) == (
+        False,
+        "allocator backend 'cudaMallocAsync': the model is of the native allocator",
+    )
+    unread = {"error": "not reported by this PyTorch (AttributeError)"}
+    assert mm.prediction_applicability(environment_with(unread)) == (
+        False,
+        "allocator settings not reported by this PyTorch (AttributeError): defaults not confirmed",
     )
 
 
-@pytest.mark.parametrize("path", committed_v2_runs(), ids=lambda p: str(p.relative_to(RUNS)))
-def test_committed_runs_carry_the_prediction_the_model_gives_today(path):
-    document = json.loads(path.read_text())
-    rows = mm.predict_phases(document["configuration"], document["calibration"]["blocks"])
-    for row, expected in zip(document["phases"], rows, strict=False):
-        assert row["predicted"] == {key: expected[key] for key in mm.COUNTER_KEYS}
+def test_the_measurement_says_whether_its_prediction_applies():
+    document = json.loads((RUNS / "20261202T125825Z-ff807b" / "measurement.json").read_text())
+    assert mm.summarise(document)["prediction"]["applicable"] is False  # settings unrecorded
+    document["environment"]["gpu"]["allocator_settings"] = SETTINGS["settings"]["default"][
+        "reported"
+    ]
+    prediction = mm.summarise(document)["prediction"]
+    assert prediction["applicable"] is True
+    assert "not_applicable_because" not in prediction
+    document["environment"]["gpu"]["allocator_settings"] = SETTINGS["settings"][
+        "expandable_segments"
+    ]["reported"]
+    prediction = mm.summarise(document)["prediction"]
+    assert prediction["applicable"] is False
+    assert prediction["not_applicable_because"].endswith("expandable_segments=True")
