@@ -1,6 +1,6 @@
 """mesure_memoire.py measure on a real GPU (marked `gpu`; skipped where none is visible).
 
-Each measurement runs in a fresh process, as the spec asks."""
+Each measurement runs in a fresh process: its own CUDA context and allocator counters."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def option(argv, name):
     [SMALL, LARGE, [*SMALL[:-5], "float16", *SMALL[-4:]], [*LARGE[:-5], "bfloat16", *LARGE[-4:]]],
     ids=["small-float32", "large-float32", "small-float16", "large-bfloat16"],
 )
-def test_spec_commands_give_the_phase_table_and_exact_weight_and_input_bytes(tmp_path, argv):
+def test_the_documented_commands_give_the_phase_table_and_exact_weight_and_input_bytes(
+    tmp_path, argv
+):
     document = measure(tmp_path, argv)
     repeats = int(option(argv, "--repeats"))
     phases = document["phases"]

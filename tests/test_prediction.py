@@ -46,8 +46,8 @@ def test_a_freed_block_is_reused_best_fit_and_handed_out_whole_when_the_rest_is_
     assert allocator.reserved == 16 * MIB
 
 
-def test_spec_small_configuration_matches_the_h200_counters():
-    """Counters read on an H200 (PyTorch 2.11, CUDA 13.0) for the spec's first command,
+def test_the_small_first_configuration_matches_the_h200_counters():
+    """Counters read on an H200 (PyTorch 2.11, CUDA 13.0) for the default configuration,
     with cuBLAS's 32 MiB and cuBLASLt's 1 MiB workspaces as the library blocks."""
     configuration = {
         "batch": 1,

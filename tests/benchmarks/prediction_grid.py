@@ -27,7 +27,7 @@ import launcher  # noqa: E402
 import mesure_memoire  # noqa: E402
 
 COUNTERS = mesure_memoire.COUNTER_KEYS
-# (batch, context, width): the spec's two, odd widths, width 1, millions of positions,
+# (batch, context, width): the default and the larger proposed one, odd widths, width 1, millions of positions,
 # large matrices; the last one fills most of a 141 GB card (context scaled per dtype).
 GRID = [
     (1, 16, 64),
