@@ -27,8 +27,9 @@ import launcher  # noqa: E402
 import mesure_memoire  # noqa: E402
 
 COUNTERS = mesure_memoire.COUNTER_KEYS
-# (batch, context, width): the default and the larger proposed one, odd widths, width 1, millions of positions,
-# large matrices; the last one fills most of a 141 GB card (context scaled per dtype).
+# (batch, context, width): the default and the larger proposed one, odd widths, width 1,
+# millions of positions, large matrices; the last one fills most of a 141 GB card (context
+# scaled per dtype).
 GRID = [
     (1, 16, 64),
     (2, 128, 1024),
