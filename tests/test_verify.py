@@ -74,14 +74,18 @@ def test_the_built_zip_is_intact(kit, capsys):
     assert "intact: 9 members match" in capsys.readouterr().out
 
 
-def test_an_extracted_folder_and_its_parent_are_intact(kit, tmp_path):
+def test_an_extracted_folder_and_its_parent_are_intact(kit, tmp_path, capsys):
     with zipfile.ZipFile(kit["zip"]) as zf:
         zf.extractall(tmp_path)  # safe: our own zip, checked just above
     assert run(kit, tmp_path) == 0
     assert run(kit, tmp_path / "iteragpu-lab-v1") == 0
     (tmp_path / "README.md").write_text("the user's own notes\n")  # a name any folder has
     (tmp_path / "iteragpu-lab-v1" / "LICENSE.txt").write_text("altered\n")
+    capsys.readouterr()
     assert run(kit, tmp_path) == 1  # still the kit inside that is judged
+    err = capsys.readouterr().err
+    assert "FAIL LICENSE.txt: 8 bytes, the manifest says 1069\n" in err
+    assert "(1 failed check(s))" in err
 
 
 def test_the_sources_of_a_tree_against_its_manifest(kit, tmp_path):
