@@ -1,5 +1,7 @@
 # A thin shell over nox. `make` alone prints this help.
-# nox comes from a pinned tool venv (.tools/) when it is not already on PATH.
+# nox comes from a pinned tool venv (.tools/) when it is not already on PATH. Never put
+# .tools/bin on PATH: its python3 would shadow yours. .tools/nox-only/ holds nothing but a
+# link to nox, for `export PATH="$PWD/.tools/nox-only:$PATH"`.
 PYTHON ?= python3
 TOOLS := .tools
 NOX := $(if $(shell command -v nox 2>/dev/null),nox,$(TOOLS)/bin/nox)
@@ -15,8 +17,12 @@ $(TOOLS)/bin/nox:
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/python -m pip install --quiet --disable-pip-version-check "$(NOX_PIN)"
 
+$(TOOLS)/nox-only/nox: | $(TOOLS)/bin/nox
+	mkdir -p $(TOOLS)/nox-only
+	ln -sfn ../bin/nox $@
+
 .PHONY: nox
-nox: $(if $(filter nox,$(NOX)),,$(TOOLS)/bin/nox)
+nox: $(if $(filter nox,$(NOX)),,$(TOOLS)/nox-only/nox)  ## Bootstrap nox into .tools/ (see README)
 
 .PHONY: test
 test: nox  ## Lint, then run the tests (CPU torch) and the kit tests on Python 3.10-3.13

@@ -3,14 +3,18 @@
 Sessions that touch the GPU run in *your* Python (`venv_backend="none"`): the one whose
 PyTorch works with your GPU. They never install torch. Which interpreter that is:
 `$ITERAGPU_PYTHON` if set, else `python3` (or `python`) found on PATH, i.e. the active
-environment. Test and lint sessions build their own pinned virtual environments.
+environment, skipping the environments make and nox build (`.tools/`, `.nox/`): those have
+no PyTorch of yours. Test and lint sessions build their own pinned virtual environments.
+Every stage session exits with the stage's own code (README's table); usage errors exit 2.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import nox
 
@@ -27,14 +31,116 @@ KIT_TESTS = ["tests/test_mesure_memoire.py", "tests/test_calcul_forfaits.py"]
 # The tests need a real torch for the no-GPU guards; the CPU build is enough and small.
 TORCH_PIN = "torch==2.13.0"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+USAGE = 2  # README's exit code for bad input or a missing prerequisite
 
 
-def gpu_python(session: nox.Session) -> str:
-    """The interpreter that runs GPU stages: the user's, never one nox built."""
-    chosen = os.environ.get("ITERAGPU_PYTHON") or shutil.which("python3") or shutil.which("python")
-    if not chosen:
-        session.error("Usage: no python3 on PATH; set ITERAGPU_PYTHON to the Python with torch")
-    return chosen
+def refuse(session: nox.Session, message: str) -> NoReturn:
+    """A usage error: one line and exit 2, as every stage does (session.error exits 1)."""
+    print(f"nox -s {session.name}: error: {message}", file=sys.stderr)
+    raise SystemExit(USAGE)
+
+
+def built_by_tools(session: nox.Session, folder: Path) -> str | None:
+    """Which environment built by make or nox holds `folder`, if any: their Pythons carry
+    nox or the test pins, never the PyTorch that works with your GPU. Those of another
+    checkout are known by their marks: make's holds nox-only/, nox's lie in a folder nox
+    tagged CACHEDIR.TAG."""
+    builders = [
+        (ROOT / ".tools", ".tools/, the environment make built for nox"),
+        (ROOT / ".nox", ".nox/, where nox builds its environments"),
+        (session.env_dir.parent, f"{session.env_dir.parent}, where nox builds its environments"),
+    ]
+    folder = folder.resolve()
+    for place, what in builders:
+        if folder.is_relative_to(place.resolve()):
+            return what
+    venv = folder.parent  # folder is a venv's bin/
+    if (venv / "pyvenv.cfg").is_file():
+        if (venv / "nox-only").is_dir():
+            return f"{venv}, an environment make built for nox"
+        if (venv.parent / "CACHEDIR.TAG").is_file():
+            return f"{venv}, an environment nox built"
+    return None
+
+
+def user_python(session: nox.Session) -> str:
+    """The interpreter for stages without a venv of their own: yours, never one make or nox
+    built. A folder on PATH is judged as named (`.tools/bin/python3` links to a system
+    Python, but the venv around it is what would run)."""
+    chosen = os.environ.get("ITERAGPU_PYTHON")
+    if chosen and Path(chosen).name != chosen:  # a path, not a command name
+        path = Path(chosen)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            refuse(session, f"ITERAGPU_PYTHON={chosen}: no such executable")
+        inside = built_by_tools(session, path.absolute().parent)
+        if inside:
+            refuse(session, f"ITERAGPU_PYTHON={chosen} is inside {inside}: name your own Python")
+        return chosen
+    names = [chosen] if chosen else ["python3", "python"]
+    skipped = []
+    for name in names:
+        for entry in os.environ.get("PATH", "").split(os.pathsep):
+            found = shutil.which(name, path=entry or os.curdir)
+            if not found:
+                continue
+            inside = built_by_tools(session, Path(found).absolute().parent)
+            if not inside:
+                if skipped:
+                    session.log(f"{skipped[0][0]} skipped ({skipped[0][1]}): using {found}")
+                return found
+            skipped.append((found, inside))
+    if skipped:
+        found, inside = skipped[0]
+        refuse(
+            session,
+            f"every {' or '.join(names)} on PATH is in an environment make or nox built "
+            f"({found}: {inside}): put your own Python on PATH or set ITERAGPU_PYTHON to it",
+        )
+    refuse(session, f"no {' or '.join(names)} on PATH: set ITERAGPU_PYTHON to your Python")
+
+
+def install_once(session: nox.Session, group: str) -> None:
+    """Install a dependency group into the session's reused venv once: a stamp of the pins
+    lets later calls skip pip entirely."""
+    pins = nox.project.dependency_groups(PYPROJECT, group)
+    stamp = Path(session.virtualenv.location) / f"iteragpu-{group}-pins.txt"
+    wanted = "\n".join(pins) + "\n"
+    if not stamp.is_file() or stamp.read_text(encoding="utf-8") != wanted:
+        session.install(*pins)
+        stamp.write_text(wanted, encoding="utf-8")
+
+
+def run_stage(
+    session: nox.Session,
+    script: str,
+    *leading: str,
+    usage: str | None = None,
+    needs: str | None = None,
+    group: str | None = None,
+    runs_dir: bool = False,
+) -> None:
+    """Run pipeline/<script> with the session's arguments and exit with the stage's own code:
+    nox alone ends every failure with 1, and README promises 1 invalid, 2 bad input, 3 out of
+    memory. Without the arguments `usage` describes (any, or the option `needs`): exit 2.
+    A session with a venv installs `group` there; one without (or under `nox --no-venv`) runs
+    in user_python(), as it is.
+    `runs_dir` passes $ITERAGPU_RUNS_DIR on as --runs-dir (benchmarks and tests use it)."""
+    args = list(session.posargs)
+    given = {arg.split("=")[0] for arg in args}
+    if usage is not None and (needs not in given if needs else not args):
+        refuse(session, f"usage: nox -s {session.name} -- {usage}")
+    if session.venv_backend == "none":
+        python = user_python(session)
+    else:
+        python = "python"
+        if group:
+            install_once(session, group)
+    if runs_dir and os.environ.get("ITERAGPU_RUNS_DIR"):
+        args = ["--runs-dir", os.environ["ITERAGPU_RUNS_DIR"], *args]
+    try:
+        session.run(python, str(PIPELINE / script), *leading, *args, external=True)
+    except nox.command.CommandFailed as failed:  # no code: nox could not start it at all
+        raise SystemExit(USAGE if failed.return_code is None else failed.return_code) from None
 
 
 def install_cpu_torch(session: nox.Session) -> None:
@@ -71,136 +177,78 @@ def lint(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def estimate(session: nox.Session) -> None:
     """Estimate weight memory without a GPU: `-- --parameters N --bits B [--reserve-gib R]`."""
-    if not session.posargs:
-        session.error("Usage: nox -s estimate -- --parameters N --bits B [--reserve-gib R]")
-    session.run(
-        gpu_python(session),
-        str(PIPELINE / "mesure_memoire.py"),
-        "estimate",
-        *session.posargs,
-        external=True,
-    )
+    usage = "--parameters N --bits B [--reserve-gib R]"
+    run_stage(session, "mesure_memoire.py", "estimate", usage=usage)
 
 
 @nox.session(venv_backend="none")
 def environment(session: nox.Session) -> None:
     """Record Python, PyTorch, GPU and driver: `-- --device cuda:0 [--output FILE]`."""
-    if not session.posargs:
-        session.error("Usage: nox -s environment -- --device cuda:N [--output NEW.json]")
-    session.run(
-        gpu_python(session),
-        str(PIPELINE / "mesure_memoire.py"),
-        "environment",
-        *session.posargs,
-        external=True,
-    )
-
-
-def stage(session: nox.Session, script: str, *args: str) -> None:
-    """Run pipeline/<script> in your Python. When it fails, nox exits with the stage's own
-    code (1 invalid, 2 bad input or refused, 3 out of memory: see README), not a generic 1."""
-    try:
-        session.run(gpu_python(session), str(PIPELINE / script), *args, external=True)
-    except nox.command.CommandFailed as failed:
-        raise SystemExit(failed.return_code) from None
+    usage = "--device cuda:N [--output NEW.json]"
+    run_stage(session, "mesure_memoire.py", "environment", usage=usage, needs="--device")
 
 
 @nox.session(venv_backend="none")
 def measure(session: nox.Session) -> None:
     """Measure into new runs/<id>/ folders, validate, log: `-- --device cuda:N|all [flags]`."""
-    if not any(arg.split("=")[0] == "--device" for arg in session.posargs):
-        session.error("Usage: nox -s measure -- --device cuda:N|all [--batch B --context C ...]")
-    # Another runs directory, for benchmarks and tests; read here only, passed on explicitly.
-    runs_dir = os.environ.get("ITERAGPU_RUNS_DIR")
-    stage(session, "chain.py", *(["--runs-dir", runs_dir] if runs_dir else []), *session.posargs)
+    usage = "--device cuda:N|all [--batch B --context C ...]"
+    run_stage(session, "chain.py", usage=usage, needs="--device", runs_dir=True)
 
 
 @nox.session(venv_backend="none")
 def sweep(session: nox.Session) -> None:
     """Raise one dimension to out-of-memory or a bound: `-- --device cuda:N --vary width ...`."""
-    if not any(arg.split("=")[0] == "--device" for arg in session.posargs):
-        session.error(
-            "Usage: nox -s sweep -- --device cuda:N (--plan data/plans/X.yaml | --vary "
-            "width|batch|context --start N --factor F "
-            "--until-oom|--max-steps K|--memory-fraction X)"
-        )
-    runs_dir = os.environ.get("ITERAGPU_RUNS_DIR")
-    stage(session, "sweep.py", *(["--runs-dir", runs_dir] if runs_dir else []), *session.posargs)
+    usage = (
+        "--device cuda:N (--plan data/plans/X.yaml | --vary width|batch|context --start N "
+        "--factor F --until-oom|--max-steps K|--memory-fraction X)"
+    )
+    run_stage(session, "sweep.py", usage=usage, needs="--device", runs_dir=True)
 
 
 @nox.session
 def report(session: nox.Session) -> None:
     """Draw memory, sweep and cost pictures (matplotlib) into run folders: `-- RUN_DIR...`."""
-    if not session.posargs:
-        session.error("Usage: nox -s report -- RUN_DIR... [--days 7 --accepted-results N]")
-    session.install(*nox.project.dependency_groups(PYPROJECT, "report"))
-    try:
-        session.run("python", str(PIPELINE / "report.py"), *session.posargs)
-    except nox.command.CommandFailed as failed:
-        raise SystemExit(failed.return_code) from None
+    usage = "RUN_DIR... [--days 7 --accepted-results N]"
+    run_stage(session, "report.py", usage=usage, group="report")
 
 
 @nox.session(venv_backend="none")
 def validate(session: nox.Session) -> None:
     """Check artefacts, run folders or results logs against schemas/: `-- PATH...`."""
-    if not session.posargs:
-        session.error("Usage: nox -s validate -- runs/<run-id>/ FILE.json LOG.csv ...")
-    stage(session, "validate.py", *session.posargs)
+    run_stage(session, "validate.py", usage="runs/<run-id>/ FILE.json LOG.csv ...")
 
 
 @nox.session(venv_backend="none")
 def record(session: nox.Session) -> None:
     """Append validated runs to runs/resultats-bruts.csv: `-- RUN_DIR... [quality flags]`."""
-    if not session.posargs:
-        session.error("Usage: nox -s record -- runs/<run-id>/ [--useful-work N ...]")
-    stage(session, "record.py", *session.posargs)
+    run_stage(session, "record.py", usage="runs/<run-id>/ [--useful-work N ...]")
 
 
 @nox.session(venv_backend="none")
 def merge(session: nox.Session) -> None:
     """Unite results logs of several machines: `-- A.csv B.csv ... --output NEW.csv`."""
-    if "--output" not in session.posargs:
-        session.error("Usage: nox -s merge -- A.csv B.csv ... --output NEW.csv")
-    stage(session, "merge.py", *session.posargs)
+    run_stage(session, "merge.py", usage="A.csv B.csv ... --output NEW.csv", needs="--output")
 
 
 @nox.session(venv_backend="none")
 def cost(session: nox.Session) -> None:
     """Price a rental package (standard library only): `-- --gpu b200 --days 7 --lots 2`."""
-    if not session.posargs:
-        session.error("Usage: nox -s cost -- --gpu ID --days 3|7|30 [--lots N] [...]")
-    stage(session, "calcul_forfaits.py", *session.posargs)
-
-
-def kit_stage(session: nox.Session, script: str, *args: str) -> None:
-    """Run a kit stage (archive, verify) in this session's reused venv. The `pipeline` pins
-    are installed once: a stamp file of them lets later calls skip pip entirely, so that
-    `nox -s verify` costs nox's start-up plus verify itself. Exits with the stage's code."""
-    pins = nox.project.dependency_groups(PYPROJECT, "pipeline")
-    stamp = Path(session.virtualenv.location) / "iteragpu-pipeline-pins.txt"
-    wanted = "\n".join(pins) + "\n"
-    if not stamp.is_file() or stamp.read_text(encoding="utf-8") != wanted:
-        session.install(*pins)
-        stamp.write_text(wanted, encoding="utf-8")
-    try:
-        session.run("python", str(PIPELINE / script), *args)
-    except nox.command.CommandFailed as failed:
-        raise SystemExit(failed.return_code) from None
+    run_stage(session, "calcul_forfaits.py", usage="--gpu ID --days 3|7|30 [--lots N] [...]")
 
 
 @nox.session
 def archive(session: nox.Session) -> None:
     """Build dist/iteragpu-lab-v1.zip and MANIFEST.json, reproducibly; no GPU; no overwrite."""
-    kit_stage(session, "archive.py", *session.posargs)
+    run_stage(session, "archive.py", group="pipeline")
 
 
 @nox.session
 def verify(session: nox.Session) -> None:
     """Check the kit against MANIFEST.json: the repo's members, or `-- ZIP_OR_FOLDER`."""
-    kit_stage(session, "verify.py", *session.posargs)
+    run_stage(session, "verify.py", group="pipeline")
 
 
 @nox.session(venv_backend="none")
 def notebook(session: nox.Session) -> None:
     """Regenerate data/mesure-memoire.ipynb from mesure_memoire.py (`-- --check`: compare)."""
-    stage(session, "make_notebook.py", *session.posargs)
+    run_stage(session, "make_notebook.py")

@@ -32,12 +32,13 @@ import io
 import json
 import os
 import re
-import secrets
 import stat
 import sys
 import time
 import zipfile
 from pathlib import Path
+
+import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 KIT = "iteragpu-lab-v1"
@@ -66,15 +67,6 @@ FILE_MODE = stat.S_IFREG | 0o644
 COMPRESS_LEVEL = 9
 TARIFF_MODELS, TARIFF_DURATIONS = 15, 3
 PLACEHOLDER = re.compile(rb"<<[A-Z0-9-]+>>")  # text still to be written into the kit README
-
-
-class Refused(Exception):
-    """Bad input, or an output that exists with other bytes: exit 2, nothing written."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise Refused(message)
 
 
 # ---------------------------------------------------------------- what a clean kit is
@@ -121,7 +113,7 @@ CONTENT_RULES = {"resultats-bruts.csv": results_problem, "mesure-memoire.ipynb":
 
 def tariff_problem(root: Path) -> str | None:
     """The shipped calcul_forfaits.py must accept the shipped grid, and the grid must be whole:
-    15 models x 3 durations (spec section 2)."""
+    15 models x 3 durations, as the catalogue is."""
     script = root / MEMBERS["calcul_forfaits.py"]
     spec = importlib.util.spec_from_file_location("_kit_calcul_forfaits", script)
     module = importlib.util.module_from_spec(spec)
@@ -216,7 +208,9 @@ def source_date_epoch(environ=os.environ) -> int:
     if text is None:
         return DEFAULT_EPOCH
     if not re.fullmatch(r"[0-9]{1,12}", text):
-        raise Refused(f"SOURCE_DATE_EPOCH={text!r}: expected whole seconds since 1970-01-01 UTC")
+        raise cli.UsageError(
+            f"SOURCE_DATE_EPOCH={text!r}: expected whole seconds since 1970-01-01 UTC"
+        )
     return min(max(int(text), ZIP_EPOCHS[0]), ZIP_EPOCHS[1])
 
 
@@ -246,33 +240,24 @@ def changed_members(old: bytes, new: bytes) -> str:
 
 
 def up_to_date(path: Path, data: bytes, advice: str) -> bool:
-    """True if `path` already holds exactly `data`; False if absent; Refused otherwise."""
+    """True if `path` already holds exactly `data`; False if absent; UsageError otherwise."""
     if not os.path.lexists(path):
         return False
     if path.is_symlink() or not path.is_file():
-        raise Refused(f"{path} exists and is not a regular file: {advice}")
+        raise cli.UsageError(f"{path} exists and is not a regular file: {advice}")
     current = path.read_bytes()
     if current == data:
         return True
     reason = changed_members(current, data) if path.name == MANIFEST else "other bytes"
-    raise Refused(f"{path} exists with different content ({reason}): {advice}")
+    raise cli.UsageError(f"{path} exists with different content ({reason}): {advice}")
 
 
 def publish(path: Path, data: bytes, advice: str) -> None:
-    """Whole file or nothing, and never over another: a temp file linked to a new name."""
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+    """Whole file or nothing, and never over another (the umask applies)."""
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(temp, path)
-        except FileExistsError:  # appeared since the check: the same rule again
-            up_to_date(path, data, advice)
-    finally:
-        os.unlink(temp)
+        cli.write_new(path, data)
+    except FileExistsError:  # appeared since the check: the same rule again
+        up_to_date(path, data, advice)
 
 
 def shown(path: Path) -> str:
@@ -283,56 +268,53 @@ def shown(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="archive.py", description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="archive.py", description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="repository to pack (this one)")
     parser.add_argument("--dist", type=Path, help="folder for the zip (default: ROOT/dist)")
-    try:
-        args = parser.parse_args(argv)
-        epoch = source_date_epoch()
-        root = args.root
-        dist = args.dist if args.dist is not None else root / "dist"
-        if not root.is_dir():
-            raise Refused(f"--root {root}: not a folder")
-        contents, problems = read_members(root)
-        problems += kit_problems(root, contents)
-        if problems:
-            for problem in problems:
-                print(f"archive.py: not clean: {problem}", file=sys.stderr)
-            print("archive.py: nothing was written", file=sys.stderr)
-            return 1
-        manifest = manifest_bytes(contents)
-        import validate  # jsonschema, only now: the manifest is checked like every artefact
+    return cli.run("archive.py", lambda: build(parser.parse_args(argv)))
 
-        errors = validate.validate_document(json.loads(manifest), validate.load_registry())
-        if errors:
-            raise Refused(f"the manifest fails its schema: {errors[0]}")
-        contents[MANIFEST] = manifest
-        archive = zip_bytes(contents, epoch)
-        rebuild = "move it away, then run make archive again (dist/ is not versioned)"
-        relock = (
-            "if the change is intended, delete MANIFEST.json and the zip, run make archive, "
-            "review and commit the new MANIFEST.json"
-        )
-        outputs = [(root / MANIFEST, manifest, relock), (dist / ZIP_NAME, archive, rebuild)]
-        states = [up_to_date(path, data, advice) for path, data, advice in outputs]
-        dist.mkdir(exist_ok=True)
-        for (path, data, advice), same in zip(outputs, states, strict=True):
-            if not same:
-                publish(path, data, advice)
-            print(f"{shown(path)}: {'up to date' if same else 'written'}")
-        print(
-            f"{shown(dist / ZIP_NAME)}: sha256 {sha256(archive)}, {len(contents)} members in "
-            f"{FOLDER}, SOURCE_DATE_EPOCH {epoch}"
-        )
-        for placeholder in sorted(set(PLACEHOLDER.findall(contents["README.md"]))):
-            print(f"archive.py: warning: README.md still holds {placeholder.decode()}: fill it in")
-        return 0
-    except Refused as exc:
-        print(f"archive.py: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"archive.py: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+
+def build(args: argparse.Namespace) -> int:
+    """Check the sources, then write whatever of the two outputs is not there yet."""
+    epoch = source_date_epoch()
+    root = args.root
+    dist = args.dist if args.dist is not None else root / "dist"
+    if not root.is_dir():
+        raise cli.UsageError(f"--root {root}: not a folder")
+    contents, problems = read_members(root)
+    problems += kit_problems(root, contents)
+    if problems:
+        for problem in problems:
+            print(f"archive.py: not clean: {problem}", file=sys.stderr)
+        print("archive.py: nothing was written", file=sys.stderr)
+        return cli.INVALID
+    manifest = manifest_bytes(contents)
+    import validate  # jsonschema, only now: the manifest is checked like every artefact
+
+    errors = validate.validate_document(json.loads(manifest), validate.load_registry())
+    if errors:
+        raise cli.UsageError(f"the manifest fails its schema: {errors[0]}")
+    contents[MANIFEST] = manifest
+    archive = zip_bytes(contents, epoch)
+    rebuild = "move it away, then run make archive again (dist/ is not versioned)"
+    relock = (
+        "if the change is intended, delete MANIFEST.json and the zip, run make archive, "
+        "review and commit the new MANIFEST.json"
+    )
+    outputs = [(root / MANIFEST, manifest, relock), (dist / ZIP_NAME, archive, rebuild)]
+    states = [up_to_date(path, data, advice) for path, data, advice in outputs]
+    dist.mkdir(exist_ok=True)
+    for (path, data, advice), same in zip(outputs, states, strict=True):
+        if not same:
+            publish(path, data, advice)
+        print(f"{shown(path)}: {'up to date' if same else 'written'}")
+    print(
+        f"{shown(dist / ZIP_NAME)}: sha256 {sha256(archive)}, {len(contents)} members in "
+        f"{FOLDER}, SOURCE_DATE_EPOCH {epoch}"
+    )
+    for placeholder in sorted(set(PLACEHOLDER.findall(contents["README.md"]))):
+        print(f"archive.py: warning: README.md still holds {placeholder.decode()}: fill it in")
+    return cli.OK
 
 
 if __name__ == "__main__":

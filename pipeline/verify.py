@@ -1,24 +1,27 @@
-"""Verify that a copy of the kit is intact: its nine members, their sizes and SHA-256.
+"""Verify that a copy of the kit holds the nine members of MANIFEST.json, byte for byte.
 
     python pipeline/verify.py                            # the repo's sources vs MANIFEST.json
-    python pipeline/verify.py dist/iteragpu-lab-v1.zip   # a zip
+    python pipeline/verify.py dist/iteragpu-lab-v1.zip   # a zip, as built or zipped again
     python pipeline/verify.py DIR                        # an extracted kit folder, or its parent
 
-The reference is the committed MANIFEST.json (or --manifest FILE). It must be valid against
-schemas/manifest.schema.json (checked with jsonschema) and list exactly the kit's nine
-members. A copy must hold exactly those nine files in one folder, each of the listed size and
-SHA-256, with a MANIFEST.json identical to the reference; its resultats-bruts.csv must be an
-empty grid and its notebook free of outputs.
+The reference is the committed MANIFEST.json (or --manifest FILE), valid against
+schemas/manifest.schema.json and listing exactly the kit's nine members. Content is what is
+judged, member by member, and every member that differs is named: each of the listed size
+and SHA-256, the copy's MANIFEST.json identical to the reference, resultats-bruts.csv an
+empty grid, the notebook free of outputs. Layout is not content: a zip made again (`zip -r`
+adds directory entries; another order, compression, times, permissions or extra fields) gets
+notes, and files beside the nine (your own outputs) are listed as ignored and never read.
 
-A zip is judged first from its central directory, before any member is read: names with
-`..`, absolute or drive paths, backslashes or control characters, entries outside
-iteragpu-lab-v1/, directory entries, symbolic links or other non-regular modes, duplicates,
-encryption, compression other than stored or deflate, sizes other than the manifest's, data
-larger than its size needs, zip-bomb ratios. Nothing is ever extracted. Members are then
-hashed in chunks, reading at most the declared size plus one byte.
+A zip is refused from its central directory, before any member is read, when an entry is
+hostile: `..`, absolute or drive paths, backslashes or control characters, entries outside
+iteragpu-lab-v1/, symbolic links or other non-regular modes, duplicates, encryption,
+compression other than stored or deflate, data larger than its size needs, zip-bomb ratios.
+Nothing is ever extracted; members are hashed in chunks, reading at most their declared size
+plus one byte.
 
-Exit codes: 0 intact; 1 a check failed (each failure names the member and the check);
-2 unusable input (no such path, not a zip, a truncated zip, no reference manifest).
+Exit codes: 0 the nine members intact (notes aside); 1 a member differs or is missing, or
+the zip is hostile (each failure names the entry and the check); 2 unusable input (no such
+path, not a zip, a truncated zip, not a kit folder, no reference manifest).
 """
 
 from __future__ import annotations
@@ -31,35 +34,39 @@ import re
 import stat
 import struct
 import sys
+import time
 import zipfile
 import zlib
 from collections import Counter
 from pathlib import Path
 
 import archive
+import cli
 
 CHUNK = 1 << 16
 MAX_ZIP_BYTES = 64 << 20  # far above the kit (about 0.1 MiB): anything larger is not one
 MAX_MEMBER_BYTES = 16 << 20
 MAX_MANIFEST_BYTES = 1 << 20
-MAX_ENTRIES = 64
+MAX_ENTRIES = 1000  # the nine, their folder, and room for a user's own outputs
 MAX_RATIO = 100  # deflate on text stays far below; a zip bomb does not
 KIT_NAMES = set(archive.MEMBERS)
+# Names any folder may hold: alone, they do not make a folder a kit folder.
+COMMON_NAMES = {"README.md", "LICENSE.txt"}
 NAME_LENGTH, EXTRA_LENGTH = 10, 11  # fields of zipfile.structFileHeader, the local header
-
-
-class Unusable(Exception):
-    """The input cannot be judged at all: exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise Unusable(message)
+DATA_DESCRIPTOR, ENCRYPTED, MSDOS_DIRECTORY = 0x08, 0x01, 0x10
+SHOWN = 5  # names listed in one note before "and N more"
 
 
 def label(name: str) -> str:
     """An entry name fit for one line: control characters and odd spaces are escaped."""
     return name if re.fullmatch(r"[\x21-\x7e]+", name) else ascii(name)
+
+
+def listing(names) -> str:
+    """A few names for one line, then how many more."""
+    names = [label(name) for name in sorted(names)]
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
 
 
 # ---------------------------------------------------------------- the reference manifest
@@ -71,11 +78,11 @@ def load_reference(path: Path) -> tuple[bytes, dict, list[str]]:
         with open(path, "rb") as handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
-        raise Unusable(
+        raise cli.UsageError(
             f"{path}: no reference manifest (run make archive, or --manifest FILE)"
         ) from None
     except OSError as exc:
-        raise Unusable(f"{path}: {exc.strerror}") from None
+        raise cli.UsageError(f"{path}: {exc.strerror}") from None
     if len(data) > MAX_MANIFEST_BYTES:
         return data, {}, [f"{archive.MANIFEST}: larger than {MAX_MANIFEST_BYTES} bytes"]
     try:
@@ -170,29 +177,43 @@ def check_files(paths: dict[str, Path], members: dict, reference: bytes) -> list
     return problems
 
 
-def check_folder(folder: Path, members: dict, reference: bytes) -> list[str]:
-    """An extracted kit: exactly the nine names, each a regular file (lstat: no links)."""
-    entries = list(os.scandir(folder))
-    if (
-        len(entries) == 1
-        and entries[0].name == archive.KIT
-        and entries[0].is_dir(follow_symlinks=False)
-    ):
-        return check_folder(Path(entries[0].path), members, reference)
-    problems, found = [], {}
-    for entry in sorted(entries, key=lambda e: e.name):
-        if entry.is_symlink():
-            problems.append(f"{label(entry.name)}: a symbolic link")
+def kit_folder(folder: Path) -> Path:
+    """The folder to judge: `folder` itself when it holds a name only the kit has, else its
+    iteragpu-lab-v1/ (the parent an unzip made). Anything else is no kit folder at all."""
+    names = set(os.listdir(folder))
+    if names & (KIT_NAMES - COMMON_NAMES):
+        return folder
+    inner = folder / archive.KIT
+    if archive.KIT in names and inner.is_dir() and not inner.is_symlink():
+        return inner
+    hint = ""
+    if archive.ZIP_NAME in names:
+        hint = f"; to check the zip in it: verify.py {folder / archive.ZIP_NAME}"
+    raise cli.UsageError(
+        f"{folder}: not a kit folder (none of the kit's files, no {archive.FOLDER} in it){hint}"
+    )
+
+
+def check_folder(folder: Path, members: dict, reference: bytes) -> tuple[list[str], list[str]]:
+    """An extracted kit: the nine names, each a regular file (lstat: no links); anything
+    else in the folder is the user's and is listed, never opened."""
+    folder = kit_folder(folder)
+    problems, found, ignored = [], {}, []
+    entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    for entry in entries:
+        if entry.name not in KIT_NAMES:
+            ignored.append(entry.name)
+        elif entry.is_symlink():
+            problems.append(f"{entry.name}: a symbolic link")
         elif not entry.is_file(follow_symlinks=False):
-            problems.append(f"{label(entry.name)}: not a regular file")
-        elif entry.name not in KIT_NAMES:
-            problems.append(f"{label(entry.name)}: not a member of the kit")
+            problems.append(f"{entry.name}: not a regular file")
         else:
             found[entry.name] = Path(entry.path)
-    problems += [f"{name}: missing" for name in sorted(KIT_NAMES - {e.name for e in entries})]
-    if problems:
-        return problems
-    return check_files(found, members, reference)
+    present = {entry.name for entry in entries}
+    problems += [f"{name}: missing" for name in sorted(KIT_NAMES - present)]
+    problems += check_files(found, members, reference)
+    notes = [f"ignored, not kit members (never read): {listing(ignored)}"] if ignored else []
+    return sorted(problems), notes
 
 
 # ---------------------------------------------------------------- a zip
@@ -203,46 +224,66 @@ def deflate_bound(size: int) -> int:
     return size + (size >> 12) + (size >> 14) + (size >> 25) + 13
 
 
+def is_directory(info: zipfile.ZipInfo) -> bool:
+    return info.filename.endswith("/")
+
+
+def is_member(info: zipfile.ZipInfo) -> bool:
+    return info.filename.removeprefix(archive.FOLDER) in KIT_NAMES and info.filename.startswith(
+        archive.FOLDER
+    )
+
+
 def entry_problems(info: zipfile.ZipInfo, count: int) -> list[str]:
-    """What the central directory says about one entry, before any byte of it is read."""
+    """What makes one entry hostile, from the central directory, before any byte is read:
+    what unzip would write outside the kit's folder, or anything but plain data, or data
+    that lies about its size."""
     name, shown = info.filename, label(info.filename)
-    parts = name.split("/")
+    parts = name.rstrip("/").split("/")
     mode = info.external_attr >> 16
+    directory = is_directory(info)
+    marked_directory = stat.S_ISDIR(mode) or bool(info.external_attr & MSDOS_DIRECTORY)
+    stored = info.compress_type == zipfile.ZIP_STORED
     checks = [
         ("\\" in name, "a backslash in its name"),
         (name.startswith("/") or re.match(r"[A-Za-z]:", name) is not None, "an absolute path"),
         (".." in parts, "'..' in its path"),
         (re.search(r"[\x00-\x1f\x7f]", name) is not None, "a control character in its name"),
-        (name.endswith("/") or bool(info.external_attr & 0x10), "a directory entry"),
         (stat.S_ISLNK(mode), "a symbolic link"),
         (
-            stat.S_IFMT(mode) not in (0, stat.S_IFREG) and not stat.S_ISLNK(mode),
+            not stat.S_ISLNK(mode)
+            and stat.S_IFMT(mode) not in (0, stat.S_IFDIR if directory else stat.S_IFREG),
             "not a regular file",
         ),
+        (marked_directory and not directory, "marked as a directory, named as a file"),
+        (directory and info.file_size > 0, f"a directory entry holding {info.file_size} bytes"),
         (count > 1, f"appears {count} times"),
-        (bool(info.flag_bits & 0x1), "encrypted"),
+        (bool(info.flag_bits & ENCRYPTED), "encrypted"),
         (
             info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED),
             f"compression method {info.compress_type} (only stored or deflate)",
         ),
+        (
+            info.compress_size > (info.file_size if stored else deflate_bound(info.file_size)),
+            f"{info.compress_size} bytes of data for {info.file_size}: bigger than it claims",
+        ),
+        (
+            info.file_size > MAX_RATIO * max(info.compress_size, 1),
+            f"expands {info.file_size // max(info.compress_size, 1)}x: a zip bomb",
+        ),
     ]
     problems = [f"{shown}: {what}" for failed, what in checks if failed]
-    if not problems and (len(parts) != 2 or parts[0] != archive.KIT or parts[1] not in KIT_NAMES):
-        problems.append(f"{shown}: not a member of the kit in {archive.FOLDER}")
+    if not problems and not name.startswith(archive.FOLDER):
+        problems.append(f"{shown}: outside {archive.FOLDER}: not a member of the kit")
     return problems
 
 
 def size_problems(name: str, info: zipfile.ZipInfo, size: int) -> list[str]:
-    """The sizes the zip declares, against the manifest and against each other."""
+    """A member whose declared size is not the manifest's differs: it is not read."""
     if size > MAX_MEMBER_BYTES:
         return [f"{name}: the manifest declares {size} bytes, more than any kit member"]
     if info.file_size != size:
         return [f"{name}: the zip says {info.file_size} bytes, the manifest {size}"]
-    stored = info.compress_type == zipfile.ZIP_STORED
-    if info.compress_size > (size if stored else deflate_bound(size)):
-        return [f"{name}: {info.compress_size} bytes of data for {size}: bigger than it claims"]
-    if info.file_size > MAX_RATIO * max(info.compress_size, 1):
-        return [f"{name}: expands {info.file_size // max(info.compress_size, 1)}x: a zip bomb"]
     return []
 
 
@@ -274,34 +315,72 @@ def stream_end_problem(handle, info: zipfile.ZipInfo, size: int) -> str | None:
     return None
 
 
-def check_zip(path: Path, members: dict, reference: bytes) -> list[str]:
+def layout_notes(zf: zipfile.ZipFile, infos: list[zipfile.ZipInfo]) -> list[str]:
+    """How the zip differs from what archive.py builds, where content is not at stake."""
+    kit = [info for info in infos if is_member(info)]
+    directories = [info.filename for info in infos if is_directory(info)]
+    ignored = [info.filename for info in infos if not is_directory(info) and not is_member(info)]
+    build_time = time.gmtime(archive.DEFAULT_EPOCH)[:6]
+    stored = [info.filename for info in kit if info.compress_type == zipfile.ZIP_STORED]
+    modes = [
+        info.filename
+        for info in kit
+        if info.create_system != 3 or info.external_attr >> 16 != archive.FILE_MODE
+    ]
+    notes = [
+        (
+            directories,
+            f"directory entries (unzip makes the folders anyway): {listing(directories)}",
+        ),
+        (ignored, f"ignored, not kit members (never read): {listing(ignored)}"),
+        (
+            [info.filename for info in kit] != sorted(info.filename for info in kit),
+            "the members are in another order than the build's (sorted by name)",
+        ),
+        (stored, f"stored without compression: {listing(stored)}"),
+        (
+            any(info.date_time != build_time for info in kit),
+            "file times other than the build's {:04}-{:02}-{:02} {:02}:{:02}:{:02}".format(
+                *build_time
+            ),
+        ),
+        (modes, f"permissions other than the build's (Unix, 0644): {listing(modes)}"),
+        (any(info.extra for info in kit), "extra fields (times, owners) on the members"),
+        (
+            any(info.flag_bits & DATA_DESCRIPTOR for info in kit),
+            "sizes written after the data (data descriptors)",
+        ),
+        (zf.comment, "an archive comment"),
+    ]
+    return [note for present, note in notes if present]
+
+
+def check_zip(path: Path, members: dict, reference: bytes) -> tuple[list[str], list[str]]:
     size = path.stat().st_size
     if size > MAX_ZIP_BYTES:
-        raise Unusable(f"{path}: {size} bytes, larger than any kit ({MAX_ZIP_BYTES})")
+        raise cli.UsageError(f"{path}: {size} bytes, larger than any kit ({MAX_ZIP_BYTES})")
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, OSError) as exc:
-        raise Unusable(f"{path}: not a readable zip ({exc})") from None
+        raise cli.UsageError(f"{path}: not a readable zip ({exc})") from None
     with zf:
         infos = zf.infolist()
         if len(infos) > MAX_ENTRIES:
-            return [f"{path.name}: {len(infos)} entries, the kit has exactly {len(KIT_NAMES)}"]
+            return [f"{path.name}: {len(infos)} entries, more than a kit copy holds"], []
         counts = Counter(info.filename for info in infos)
-        problems = [p for info in infos for p in entry_problems(info, counts[info.filename])]
-        present = {info.filename for info in infos}
-        problems += [
-            f"{archive.FOLDER}{name}: missing"
-            for name in sorted(KIT_NAMES)
-            if archive.FOLDER + name not in present
+        hostile = [p for info in infos for p in entry_problems(info, counts[info.filename])]
+        if hostile:
+            return hostile, []  # nothing was read
+        by_name = {info.filename[len(archive.FOLDER) :]: info for info in infos if is_member(info)}
+        problems = [
+            f"{archive.FOLDER}{name}: missing" for name in sorted(KIT_NAMES - by_name.keys())
         ]
-        by_name = {info.filename[len(archive.FOLDER) :]: info for info in infos}
-        if not problems:
-            for name, info in sorted(by_name.items()):
-                problems += size_problems(name, info, declared_size(name, members, reference))
-        if problems:
-            return problems  # nothing was read
         with open(path, "rb") as raw:
             for name, info in sorted(by_name.items()):
+                found = size_problems(name, info, declared_size(name, members, reference))
+                if found:
+                    problems += found  # not read: its size already says it differs
+                    continue
                 try:
                     with zf.open(info) as stream:
                         found = member_problems(name, stream, members.get(name), reference)
@@ -311,46 +390,49 @@ def check_zip(path: Path, members: dict, reference: bytes) -> list[str]:
                 except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError) as exc:
                     found = [f"{name}: unreadable in the zip ({exc})"]
                 problems += found
-    return problems
+        return problems, layout_notes(zf, infos)
 
 
 # ---------------------------------------------------------------- command line
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="verify.py", description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="verify.py", description=__doc__.splitlines()[0])
     parser.add_argument(
         "path", nargs="?", type=Path, help="a kit zip or folder (default: the repo)"
     )
     parser.add_argument("--manifest", type=Path, help="reference manifest (default: MANIFEST.json)")
     parser.add_argument("--root", type=Path, default=archive.ROOT, help=argparse.SUPPRESS)
-    try:
+
+    def body() -> int:
         args = parser.parse_args(argv)
         reference_path = args.manifest or args.root / archive.MANIFEST
         reference, members, problems = load_reference(reference_path)
-        target = args.path
+        target, notes = args.path, []
         if not problems:
             if target is None:
                 sources = {name: args.root / source for name, source in archive.MEMBERS.items()}
                 sources[archive.MANIFEST] = None
                 problems = check_files(sources, members, reference)
             elif target.is_dir():
-                problems = check_folder(target, members, reference)
+                problems, notes = check_folder(target, members, reference)
             elif target.is_file():
-                problems = check_zip(target, members, reference)
+                problems, notes = check_zip(target, members, reference)
             else:
-                raise Unusable(f"{target}: no such file or folder")
-    except Unusable as exc:
-        print(f"verify.py: error: {exc}", file=sys.stderr)
-        return 2
-    what = target if target is not None else f"{args.root} (the repository's members)"
-    for problem in problems:
-        print(f"verify.py: FAIL {problem}", file=sys.stderr)
-    if problems:
-        print(f"{what}: NOT intact ({len(problems)} failed check(s))", file=sys.stderr)
-        return 1
-    print(f"{what}: intact: {len(members)} members match {reference_path}")
-    return 0
+                raise cli.UsageError(f"{target}: no such file or folder")
+        what = target if target is not None else f"{args.root} (the repository's members)"
+        for note in notes:
+            print(f"verify.py: note: {note}")
+        for problem in problems:
+            print(f"verify.py: FAIL {problem}", file=sys.stderr)
+        if problems:
+            print(f"{what}: NOT intact ({len(problems)} failed check(s))", file=sys.stderr)
+            return cli.INVALID
+        noted = f"; {len(notes)} note(s) above, none about the content" if notes else ""
+        print(f"{what}: intact: {len(members)} members match {reference_path}{noted}")
+        return cli.OK
+
+    return cli.run("verify.py", body)
 
 
 if __name__ == "__main__":

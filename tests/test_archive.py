@@ -42,7 +42,7 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_the_one_table_maps_the_nine_members_of_the_spec_to_existing_sources():
+def test_the_one_table_maps_the_nine_members_to_existing_sources():
     assert set(archive.MEMBERS) == NINE
     assert len(set(archive.MEMBERS.values())) == 9
     for name, source in archive.MEMBERS.items():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shutil
 import stat
 import struct
 import subprocess
@@ -72,11 +74,18 @@ def test_the_built_zip_is_intact(kit, capsys):
     assert "intact: 9 members match" in capsys.readouterr().out
 
 
-def test_an_extracted_folder_and_its_parent_are_intact(kit, tmp_path):
+def test_an_extracted_folder_and_its_parent_are_intact(kit, tmp_path, capsys):
     with zipfile.ZipFile(kit["zip"]) as zf:
         zf.extractall(tmp_path)  # safe: our own zip, checked just above
     assert run(kit, tmp_path) == 0
     assert run(kit, tmp_path / "iteragpu-lab-v1") == 0
+    (tmp_path / "README.md").write_text("the user's own notes\n")  # a name any folder has
+    (tmp_path / "iteragpu-lab-v1" / "LICENSE.txt").write_text("altered\n")
+    capsys.readouterr()
+    assert run(kit, tmp_path) == 1  # still the kit inside that is judged
+    err = capsys.readouterr().err
+    assert "FAIL LICENSE.txt: 8 bytes, the manifest says 1069\n" in err
+    assert "(1 failed check(s))" in err
 
 
 def test_the_sources_of_a_tree_against_its_manifest(kit, tmp_path):
@@ -107,6 +116,114 @@ def test_a_run_as_its_own_process(kit):
     assert result.stderr == ""
 
 
+# ---------------------------------------------------------------- zipped again: layout only
+
+
+def rezipped(kit, path: Path, changes: dict | None = None, extra=()) -> Path:
+    """The kit as a zip tool other than archive.py writes it: a directory entry first, the
+    members in reverse order, stored, another time, mode 0664, an extra field, a comment."""
+    members = {**kit["members"], **(changes or {})}
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(info(FOLDER, stat.S_IFDIR | 0o755, compress_type=zipfile.ZIP_STORED), b"")
+        for name in sorted(members, reverse=True):
+            zinfo = info(
+                FOLDER + name,
+                stat.S_IFREG | 0o664,
+                compress_type=zipfile.ZIP_STORED,
+                date_time=(2026, 12, 3, 9, 30, 0),
+                extra=struct.pack("<HHBL", 0x5455, 5, 1, 1_796_290_200),  # "UT": a time
+            )
+            zf.writestr(zinfo, members[name])
+        for name, data in extra:
+            zf.writestr(info(name), data)
+        zf.comment = b"zipped again"
+    return path
+
+
+def test_a_kit_zipped_again_is_intact_with_its_layout_in_notes(kit, tmp_path, capsys):
+    path = rezipped(kit, tmp_path / "again.zip")
+    assert run(kit, path) == 0
+    captured = capsys.readouterr()
+    notes = [line for line in captured.out.splitlines() if line.startswith("verify.py: note: ")]
+    assert notes == [
+        "verify.py: note: directory entries (unzip makes the folders anyway): iteragpu-lab-v1/",
+        "verify.py: note: the members are in another order than the build's (sorted by name)",
+        "verify.py: note: stored without compression: iteragpu-lab-v1/LICENSE.txt, "
+        "iteragpu-lab-v1/MANIFEST.json, iteragpu-lab-v1/README.md, "
+        "iteragpu-lab-v1/calcul_forfaits.py, iteragpu-lab-v1/mesure-memoire.ipynb and 4 more",
+        "verify.py: note: file times other than the build's 2026-09-24 00:00:00",
+        "verify.py: note: permissions other than the build's (Unix, 0644): "
+        "iteragpu-lab-v1/LICENSE.txt, iteragpu-lab-v1/MANIFEST.json, "
+        "iteragpu-lab-v1/README.md, iteragpu-lab-v1/calcul_forfaits.py, "
+        "iteragpu-lab-v1/mesure-memoire.ipynb and 4 more",
+        "verify.py: note: extra fields (times, owners) on the members",
+        "verify.py: note: an archive comment",
+    ]
+    assert "intact: 9 members match" in captured.out
+    assert "; 7 note(s)" in captured.out
+    assert captured.err == ""
+
+
+def test_the_built_zip_has_no_note(kit, capsys):
+    assert run(kit, kit["zip"]) == 0
+    assert "note" not in capsys.readouterr().out
+
+
+def test_a_kit_zipped_again_and_altered_names_every_member_that_differs(kit, tmp_path, capsys):
+    readme = kit["members"]["README.md"].replace(b"IteraGPU", b"IteraCPU", 1)
+    changes = {"README.md": readme, "LICENSE.txt": b"another licence\n"}
+    changes["resultats-bruts.csv"] = kit["members"]["resultats-bruts.csv"] + b"r1\n"
+    assert run(kit, rezipped(kit, tmp_path / "again.zip", changes)) == 1
+    captured = capsys.readouterr()
+    fails = [line for line in captured.err.splitlines() if line.startswith("verify.py: FAIL ")]
+    assert [line.split(":")[1].removeprefix(" FAIL ") for line in fails] == [
+        "LICENSE.txt",
+        "README.md",
+        "resultats-bruts.csv",
+    ]
+    assert "FAIL README.md: SHA-256" in captured.err
+    assert "NOT intact (3 failed check(s))" in captured.err
+    assert "verify.py: note: directory entries" in captured.out  # layout still reported
+
+
+def test_files_beside_the_nine_in_a_zip_are_ignored_and_never_read(kit, tmp_path, capsys):
+    extra = [(FOLDER + "mesures.json", b"{}"), (FOLDER + "runs/r1/measurement.json", b"{}")]
+    path = write_zip(tmp_path / "k.zip", [*entries(kit), *extra])
+    opened, original = [], zipfile.ZipFile.open
+
+    def recording(self, name, *args, **kwargs):
+        opened.append(getattr(name, "filename", name))
+        return original(self, name, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zipfile.ZipFile, "open", recording)
+        assert run(kit, path) == 0
+    out = capsys.readouterr().out
+    assert (
+        "note: ignored, not kit members (never read): iteragpu-lab-v1/mesures.json, "
+        "iteragpu-lab-v1/runs/r1/measurement.json\n"
+    ) in out
+    assert sorted(opened) == sorted(FOLDER + name for name in verify.KIT_NAMES)
+
+
+@pytest.mark.skipif(shutil.which("zip") is None, reason="no zip command here")
+def test_a_folder_zipped_again_with_zip_r_is_intact(kit, folder, tmp_path, capsys):
+    """The real tool: `zip -r` as a user would, with an output of theirs in the folder."""
+    (folder / "mesures.json").write_text("{}")
+    path = tmp_path / "again.zip"
+    subprocess.run(["zip", "-qr", str(path), "iteragpu-lab-v1"], cwd=folder.parent, check=True)
+    assert run(kit, path) == 0
+    out = capsys.readouterr().out
+    assert "note: directory entries (unzip makes the folders anyway): iteragpu-lab-v1/\n" in out
+    assert "note: ignored, not kit members (never read): iteragpu-lab-v1/mesures.json\n" in out
+    assert "intact: 9 members match" in out
+    (folder / "README.md").write_bytes(kit["members"]["README.md"].replace(b"Itera", b"Ultra", 1))
+    path.unlink()
+    subprocess.run(["zip", "-qr", str(path), "iteragpu-lab-v1"], cwd=folder.parent, check=True)
+    assert run(kit, path) == 1
+    assert "FAIL README.md: SHA-256" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- altered copies: exit 1
 
 
@@ -119,21 +236,36 @@ def test_altered_content_of_the_same_size_names_member_and_hash(kit, tmp_path, c
     assert "FAIL README.md: SHA-256" in capsys.readouterr().err
 
 
-def test_a_member_of_another_size_is_refused_before_it_is_read(
-    kit, tmp_path, capsys, no_member_read
+@pytest.fixture
+def reads(monkeypatch) -> list[str]:
+    """The members verify reads (hashes), in order."""
+    read, original = [], verify.member_problems
+    monkeypatch.setattr(
+        verify, "member_problems", lambda name, *a: read.append(name) or original(name, *a)
+    )
+    return read
+
+
+def test_a_member_of_another_size_is_named_unread_and_the_others_still_judged(
+    kit, tmp_path, capsys, reads
 ):
     bigger = kit["members"]["LICENSE.txt"] + b"\n"
-    path = write_zip(tmp_path / "k.zip", entries(kit, **{"LICENSE.txt": bigger}))
+    readme = kit["members"]["README.md"].replace(b"IteraGPU", b"IteraCPU", 1)
+    path = write_zip(
+        tmp_path / "k.zip", entries(kit, **{"LICENSE.txt": bigger, "README.md": readme})
+    )
     assert run(kit, path) == 1
-    assert "FAIL LICENSE.txt: the zip says 1070 bytes, the manifest 1069" in capsys.readouterr().err
-
-
-def test_a_missing_and_an_extra_entry(kit, tmp_path, capsys, no_member_read):
-    listed = [*entries(kit, **{"LICENSE.txt": None}), (FOLDER + "notes.txt", b"hello")]
-    assert run(kit, write_zip(tmp_path / "k.zip", listed)) == 1
     err = capsys.readouterr().err
-    assert "FAIL iteragpu-lab-v1/LICENSE.txt: missing" in err
-    assert "FAIL iteragpu-lab-v1/notes.txt: not a member of the kit" in err
+    assert "FAIL LICENSE.txt: the zip says 1070 bytes, the manifest 1069" in err
+    assert "FAIL README.md: SHA-256" in err
+    assert "(2 failed check(s))" in err
+    assert "LICENSE.txt" not in reads  # its size already says it differs
+    assert sorted(reads) == sorted(verify.KIT_NAMES - {"LICENSE.txt"})
+
+
+def test_a_missing_entry(kit, tmp_path, capsys):
+    assert run(kit, write_zip(tmp_path / "k.zip", entries(kit, **{"LICENSE.txt": None}))) == 1
+    assert "FAIL iteragpu-lab-v1/LICENSE.txt: missing" in capsys.readouterr().err
 
 
 def test_a_copy_whose_manifest_differs_from_the_reference(kit, tmp_path, capsys):
@@ -226,9 +358,20 @@ HOSTILE = {
     "drive letter": ([("C:/evil.bat", b"x")], "an absolute path"),
     "backslash": ([(FOLDER + "..\\evil", b"x")], "a backslash in its name"),
     "control character": ([(FOLDER + "a\nb", b"x")], "a control character"),
-    "directory entry": ([(info(FOLDER, stat.S_IFDIR | 0o755), b"")], "a directory entry"),
-    "nested folder": ([(FOLDER + "sub/README.md", b"x")], "not a member of the kit"),
-    "other folder": ([("other/README.md", b"x")], "not a member of the kit"),
+    "directory entry with data": (
+        [(info(FOLDER + "sub/", stat.S_IFDIR | 0o755), b"x")],
+        "a directory entry holding 1 bytes",
+    ),
+    "directory entry outside": (
+        [(info("other/", stat.S_IFDIR | 0o755), b"")],
+        "other/: outside iteragpu-lab-v1/",
+    ),
+    "a file marked as a directory": (
+        [(info(FOLDER + "notes", external_attr=0x10), b"")],
+        "marked as a directory, named as a file",
+    ),
+    "other folder": ([("other/README.md", b"x")], "outside iteragpu-lab-v1/"),
+    "top level": ([("README.md", b"x")], "README.md: outside iteragpu-lab-v1/"),
     "symlink": (
         [(info(FOLDER + "link", stat.S_IFLNK | 0o777), b"/etc/passwd")],
         "a symbolic link",
@@ -347,6 +490,21 @@ def test_unusable_input_exits_2_in_one_line(kit, tmp_path, capsys, make):
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("held", [["iteragpu-lab-v1.zip"], [], ["README.md", "notes.txt"]])
+def test_a_folder_that_is_no_kit_folder_is_one_line_and_exit_2(kit, tmp_path, capsys, held):
+    """`verify dist/` names the folder holding the zip: one line, not nine "missing"."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    for name in held:
+        (dist / name).write_bytes(b"x")
+    assert run(kit, dist) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"verify.py: error: {dist}: not a kit folder (none of the kit's files")
+    assert err.count("\n") == 1
+    hint = f"; to check the zip in it: verify.py {dist / 'iteragpu-lab-v1.zip'}\n"
+    assert err.endswith(hint) == (held == ["iteragpu-lab-v1.zip"])
+
+
 def test_a_file_too_large_to_be_a_kit_is_not_opened(kit, capsys, monkeypatch):
     monkeypatch.setattr(verify, "MAX_ZIP_BYTES", 1000)
     monkeypatch.setattr(zipfile, "ZipFile", None)
@@ -377,33 +535,81 @@ def test_a_symlinked_member_in_a_folder_is_refused(kit, folder, capsys):
     assert "FAIL LICENSE.txt: a symbolic link" in capsys.readouterr().err
 
 
-def test_a_folder_with_a_subfolder_a_fifo_and_an_extra_file(kit, folder, capsys):
+def test_a_folder_with_the_users_outputs_beside_the_nine_is_intact(kit, folder, capsys, reads):
+    """The kit README has measurements written into the kit's folder: they are listed as
+    ignored and never opened (a fifo would block a read)."""
+    (folder / "mesures-petit-essai.json").write_text("{}")
     (folder / "sub").mkdir()
     os.mkfifo(folder / "pipe")
     (folder / ".DS_Store").write_bytes(b"\0")
+    (folder / "other-link").symlink_to(folder / "README.md")
+    assert run(kit, folder) == 0
+    out = capsys.readouterr().out
+    assert (
+        "verify.py: note: ignored, not kit members (never read): .DS_Store, "
+        "mesures-petit-essai.json, other-link, pipe, sub\n"
+    ) in out
+    assert "intact: 9 members match" in out
+    assert sorted(reads) == sorted(verify.KIT_NAMES)
+
+
+def test_a_member_replaced_by_a_folder_or_a_fifo(kit, folder, capsys):
+    (folder / "LICENSE.txt").unlink()
+    (folder / "LICENSE.txt").mkdir()
+    (folder / "README.md").unlink()
+    os.mkfifo(folder / "README.md")
     assert run(kit, folder) == 1
     err = capsys.readouterr().err
-    assert "FAIL sub: not a regular file" in err
-    assert "FAIL pipe: not a regular file" in err
-    assert "FAIL .DS_Store: not a member of the kit" in err
+    assert "FAIL LICENSE.txt: not a regular file" in err
+    assert "FAIL README.md: not a regular file" in err
+    assert "(2 failed check(s))" in err
 
 
-def test_a_longer_file_in_a_folder_is_refused_by_its_size(kit, folder, capsys, monkeypatch):
+def test_a_longer_file_in_a_folder_is_refused_by_its_size(kit, folder, capsys, reads):
     size = (folder / "README.md").stat().st_size
     with (folder / "README.md").open("ab") as handle:
         handle.write(b"more")
-    read, original = [], verify.member_problems
-    monkeypatch.setattr(
-        verify, "member_problems", lambda name, *a: read.append(name) or original(name, *a)
-    )
     assert run(kit, folder) == 1
     expected = f"FAIL README.md: {size + 4} bytes, the manifest says {size}"
     assert expected in capsys.readouterr().err
-    assert "README.md" not in read  # refused from fstat, before any read
-    assert "LICENSE.txt" in read
+    assert "README.md" not in reads  # refused from fstat, before any read
+    assert "LICENSE.txt" in reads
 
 
 def test_a_missing_member_in_a_folder(kit, folder, capsys):
     (folder / "tarifs-forfaits.csv").unlink()
     assert run(kit, folder) == 1
     assert "FAIL tarifs-forfaits.csv: missing" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the kit README's own check
+
+
+def readme_check(folder: Path) -> subprocess.CompletedProcess:
+    """Run the Python lines the kit's README gives for a check with the standard library
+    alone (`-I -S`: no site-packages at all), in the kit's folder."""
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    program = re.search(r"^python3 - <<'EOF'\n(.*?)^EOF$", readme, re.S | re.M).group(1)
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-"],
+        input=program,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_kit_readme_checks_the_kit_with_the_standard_library_alone(kit, folder):
+    names = [m["name"] for m in json.loads(kit["members"]["MANIFEST.json"])["members"]]
+    eight = [name for name in names if name != "MANIFEST.json"]
+    (folder / "mesures.json").write_text("{}")  # the user's own output: not looked at
+    result = readme_check(folder)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [f"ok   {name}" for name in eight]
+    (folder / "LICENSE.txt").write_bytes(kit["members"]["LICENSE.txt"].replace(b"MIT", b"BSD"))
+    (folder / "tarifs-forfaits.csv").unlink()
+    result = readme_check(folder)
+    assert result.stderr == ""
+    expected = {"LICENSE.txt": "FAIL", "tarifs-forfaits.csv": "FAIL"}
+    assert result.stdout.splitlines() == [f"{expected.get(name, 'ok  ')} {name}" for name in eight]

@@ -1,0 +1,288 @@
+"""noxfile.py driven for real: which Python a stage runs in, and exit codes that match the
+README (the stage's own; usage errors 2, in one line).
+
+Each test runs nox on a copy of the noxfile in a throw-away repository root, whose .tools/
+and .nox/ are faked, with a PATH made for the test. Stand-in Pythons are shell scripts: one
+that must never run (it says HIJACKED and exits 97), one that prints the command it was given
+and exits with $STAGE_EXIT, and this test interpreter under another name."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("nox") is None, reason="nox is not installed here"
+)
+ESTIMATE = ["-s", "estimate", "--", "--parameters", "7000000000", "--bits", "16"]
+ESTIMATED = "weights         14000000000 bytes"
+STAGE_SESSIONS = {  # session: arguments that satisfy its usage check
+    "estimate": ["--parameters", "7"],
+    "environment": ["--device", "cuda:0"],
+    "measure": ["--device", "cuda:0"],
+    "sweep": ["--device=cuda:0"],
+    "validate": ["x.json"],
+    "record": ["runs/x/"],
+    "merge": ["a.csv", "--output", "b.csv"],
+    "cost": ["--gpu", "h200"],
+    "notebook": [],
+}
+
+
+def executable(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def hijacker(folder: Path) -> Path:
+    """A python3 in an environment built by make or nox: it must never run."""
+    return executable(folder / "python3", "#!/bin/sh\necho HIJACKED >&2\nexit 97\n")
+
+
+def user_python(folder: Path) -> Path:
+    """This test interpreter, as the user's own python3 outside any built environment."""
+    return executable(folder / "python3", f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+
+
+def echo_python(folder: Path) -> Path:
+    """A python3 that prints each argument on its own line and exits with $STAGE_EXIT."""
+    text = '#!/bin/sh\nfor arg in "$@"; do echo "arg: $arg"; done\nexit "${STAGE_EXIT:-0}"\n'
+    return executable(folder / "python3", text)
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """A throw-away repository root: the noxfile and what its stages read."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    for name in ("noxfile.py", "pyproject.toml", "Makefile", "MANIFEST.json"):
+        shutil.copy(ROOT / name, root / name)
+    for folder in ("pipeline", "schemas"):
+        shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def nox(repo: Path, *args: str, path, env=None, command=(sys.executable, "-m", "nox")):
+    """nox in `repo` with exactly `path` as PATH; stdout and stderr kept apart."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ITERAGPU_")}
+    environ["PATH"] = os.pathsep.join(map(str, path))
+    environ.update(env or {})
+    return subprocess.run(
+        [*command, *args], cwd=repo, env=environ, capture_output=True, text=True, timeout=120
+    )
+
+
+def error_lines(result, session: str) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith(f"nox -s {session}:")]
+
+
+# ---------------------------------------------------------------- which Python runs a stage
+
+
+@pytest.mark.parametrize(
+    ("tools", "flags"),
+    [
+        (".tools/bin", []),
+        (".nox/tests/bin", []),
+        (".nox/tests/bin", ["--envdir", "envs"]),  # left from earlier runs
+        ("envs/tests/bin", ["--envdir", "envs"]),
+    ],
+)
+def test_a_built_python_first_on_path_is_skipped_for_the_users(repo, tmp_path, tools, flags):
+    """`export PATH=$PWD/.tools/bin:$PATH` must not make the GPU stages run in nox's venv."""
+    hijacker(repo / tools)
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, *flags, *ESTIMATE, path=[repo / tools, mine.parent])
+    assert result.returncode == 0, result.stderr
+    assert ESTIMATED in result.stdout
+    assert "HIJACKED" not in result.stdout + result.stderr
+    assert f"{repo / tools / 'python3'} skipped (" in result.stderr
+    assert f"): using {mine}\n" in result.stderr
+
+
+def test_the_environments_of_another_checkout_are_skipped_too(repo, tmp_path):
+    """Known by their marks: make's holds nox-only/, nox's lie in a CACHEDIR.TAG folder."""
+    other = tmp_path / "other-checkout"
+    hijacker(other / ".tools" / "bin")
+    (other / ".tools" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (other / ".tools" / "nox-only").mkdir()
+    hijacker(other / ".nox" / "tests" / "bin")
+    (other / ".nox" / "tests" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (other / ".nox" / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    mine = user_python(tmp_path / "mine")
+    path = [other / ".tools" / "bin", other / ".nox" / "tests" / "bin", mine.parent]
+    result = nox(repo, *ESTIMATE, path=path)
+    assert result.returncode == 0, result.stderr
+    assert ESTIMATED in result.stdout
+    assert f"{other / '.tools'}, an environment make built for nox): using {mine}" in result.stderr
+    assert "HIJACKED" not in result.stdout + result.stderr
+
+
+def test_only_built_pythons_on_path_is_one_line_naming_iteragpu_python(repo):
+    hijacker(repo / ".tools" / "bin")
+    result = nox(repo, *ESTIMATE, path=[repo / ".tools" / "bin"])
+    assert result.returncode == 2
+    assert error_lines(result, "estimate") == [
+        "nox -s estimate: error: every python3 or python on PATH is in an environment make or "
+        f"nox built ({repo}/.tools/bin/python3: .tools/, the environment make built for nox): "
+        "put your own Python on PATH or set ITERAGPU_PYTHON to it"
+    ]
+    assert "HIJACKED" not in result.stdout + result.stderr
+
+
+def test_no_python_on_path_at_all(repo, tmp_path):
+    result = nox(repo, *ESTIMATE, path=[tmp_path / "empty"])
+    assert result.returncode == 2
+    assert error_lines(result, "estimate") == [
+        "nox -s estimate: error: no python3 or python on PATH: set ITERAGPU_PYTHON to your Python"
+    ]
+
+
+@pytest.mark.parametrize("tools", [".tools/bin", ".nox/tests/bin"])
+def test_iteragpu_python_inside_a_built_environment_is_refused(repo, tmp_path, tools):
+    fake = hijacker(repo / tools)
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, *ESTIMATE, path=[mine.parent], env={"ITERAGPU_PYTHON": str(fake)})
+    assert result.returncode == 2
+    [line] = error_lines(result, "estimate")
+    assert line.startswith(f"nox -s estimate: error: ITERAGPU_PYTHON={fake} is inside .")
+    assert line.endswith(": name your own Python")
+    assert "HIJACKED" not in result.stdout + result.stderr
+
+
+def test_iteragpu_python_wins_over_path_and_must_exist(repo, tmp_path):
+    hijacker(tmp_path / "first")
+    mine = user_python(tmp_path / "mine")
+    path = [tmp_path / "first"]
+    result = nox(repo, *ESTIMATE, path=path, env={"ITERAGPU_PYTHON": str(mine)})
+    assert result.returncode == 0, result.stderr
+    assert ESTIMATED in result.stdout
+    missing = tmp_path / "no" / "python3"
+    result = nox(repo, *ESTIMATE, path=path, env={"ITERAGPU_PYTHON": str(missing)})
+    assert result.returncode == 2
+    assert error_lines(result, "estimate") == [
+        f"nox -s estimate: error: ITERAGPU_PYTHON={missing}: no such executable"
+    ]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+def test_the_readmes_way_puts_nothing_but_nox_on_path(repo, tmp_path):
+    """README: `export PATH="$PWD/.tools/nox-only:$PATH"`. make links nox there (here to
+    the tests' own nox, in place of the pinned one it would install), and that folder holds
+    no python3 to shadow yours."""
+    assert 'export PATH="$PWD/.tools/nox-only:$PATH"' in (ROOT / "README.md").read_text()
+    real_nox = Path(sys.executable).parent / "nox"
+    if not real_nox.is_file():
+        pytest.skip("no nox script beside this Python")
+    hijacker(repo / ".tools" / "bin")
+    (repo / ".tools" / "bin" / "nox").symlink_to(real_nox)
+    made = subprocess.run(
+        ["make", "-C", str(repo), "nox", "NOX=.tools/bin/nox"],
+        env={**os.environ, "PATH": os.defpath},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    only = repo / ".tools" / "nox-only"
+    assert sorted(os.listdir(only)) == ["nox"]
+    assert shutil.which("python3", path=str(only)) is None
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, *ESTIMATE, path=[only, mine.parent], command=["nox"])
+    assert result.returncode == 0, result.stderr
+    assert ESTIMATED in result.stdout
+    assert "HIJACKED" not in result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- exit codes and arguments
+
+
+@pytest.mark.parametrize("session", STAGE_SESSIONS)
+def test_every_stage_session_exits_with_the_stages_own_code(repo, tmp_path, session):
+    """3 (out of memory) comes out of nox as 3, not nox's generic 1."""
+    stand_in = echo_python(tmp_path / "bin")
+    args = ["-s", session, "--", *STAGE_SESSIONS[session]]
+    result = nox(repo, *args, path=[stand_in.parent], env={"STAGE_EXIT": "3"})
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "arg: " in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("session", "args"),
+    [
+        ("estimate", []),
+        ("environment", []),
+        ("environment", ["--output", "x.json"]),
+        ("measure", []),
+        ("measure", ["--width", "64"]),
+        ("sweep", ["--vary", "width"]),
+        ("validate", []),
+        ("record", []),
+        ("merge", ["a.csv", "b.csv"]),
+        ("cost", []),
+        ("report", []),
+    ],
+)
+def test_a_session_without_its_arguments_exits_2_in_one_line(repo, tmp_path, session, args):
+    stand_in = echo_python(tmp_path / "bin")
+    flags = ["--no-venv"] if session == "report" else []  # the check comes before any install
+    result = nox(repo, *flags, "-s", session, "--", *args, path=[stand_in.parent])
+    assert result.returncode == 2
+    [line] = error_lines(result, session)
+    assert line.startswith(f"nox -s {session}: error: usage: nox -s {session} -- ")
+    assert "arg: " not in result.stdout  # no stage was started
+
+
+def test_a_bad_argument_exits_2_with_the_stages_own_line(repo, tmp_path):
+    mine = user_python(tmp_path / "mine")
+    args = ["-s", "estimate", "--", "--parameters", "7B", "--bits", "16"]
+    result = nox(repo, *args, path=[mine.parent])
+    assert result.returncode == 2
+    assert (
+        "mesure_memoire.py: error: argument --parameters: expected a positive integer, got '7B'"
+        in result.stdout + result.stderr
+    )
+
+
+def test_the_runs_directory_is_passed_on_to_measure_and_sweep(repo, tmp_path):
+    stand_in = echo_python(tmp_path / "bin")
+    somewhere = tmp_path / "elsewhere"
+    for session, script in (("measure", "chain.py"), ("sweep", "sweep.py")):
+        args = ["-s", session, "--", "--device", "cuda:0"]
+        env = {"ITERAGPU_RUNS_DIR": str(somewhere)}
+        result = nox(repo, *args, path=[stand_in.parent], env=env)
+        assert result.returncode == 0, result.stderr
+        lines = [line for line in result.stdout.splitlines() if line.startswith("arg: ")]
+        assert lines == [
+            f"arg: {repo / 'pipeline' / script}",
+            "arg: --runs-dir",
+            f"arg: {somewhere}",
+            "arg: --device",
+            "arg: cuda:0",
+        ]
+        result = nox(repo, *args, path=[stand_in.parent])
+        assert "arg: --runs-dir" not in result.stdout
+
+
+def test_verify_on_a_folder_holding_the_zip_says_it_is_not_a_kit_folder(repo, tmp_path):
+    """`nox -s verify -- dist/`: one line and 2, not nine "missing" failures. (--no-venv: the
+    test's Python already has the pins the session would install.)"""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "iteragpu-lab-v1.zip").write_bytes(b"PK")
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, "--no-venv", "-s", "verify", "--", str(dist), path=[mine.parent])
+    assert result.returncode == 2
+    output = result.stdout + result.stderr
+    assert f"verify.py: error: {dist}: not a kit folder (none of the kit's files" in output
+    assert "missing" not in output
