@@ -59,8 +59,7 @@ class InputError(Exception):
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
-    """Help wraps at 80 columns. argparse builds a formatter on every run (to check each
-    metavar); left to size itself it imports shutil, milliseconds a quote never uses."""
+    """Help wraps at 80 columns: a fixed width keeps every run from sizing the terminal."""
 
     def __init__(self, prog):
         super().__init__(prog, width=80)
@@ -173,86 +172,17 @@ def default_tariffs():
 def load_tariffs(path, shown=None):
     """Reads and checks the whole grid, so no quote is ever priced from a broken file."""
     shown = path if shown is None else shown
-    try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except OSError as error:
-        raise InputError(f"cannot read tariff file {shown}: {error.strerror}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise InputError(f"{shown}:{line}: not UTF-8 text") from None
-
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    rows = []
-    try:
-        header = next(reader, None)
-        if not header:
-            raise InputError(f"{shown}:1: no header row")
-        for column in COLUMNS:
-            if column not in header:
-                raise InputError(f"{shown}:1: missing column {column!r}")
-        for column in header:
-            if column not in COLUMNS or header.count(column) > 1:
-                what = "duplicate" if column in COLUMNS else "unknown"
-                raise InputError(f"{shown}:1: {what} column {column!r}")
-        end = reader.line_num
-        for record in reader:  # a quoted cell may span lines: report where its record starts
-            start, end = end + 1, reader.line_num
-            if record:  # the csv module gives [] for a blank line
-                rows.append((start, record))
-    except csv.Error as error:
-        raise InputError(f"{shown}:{reader.line_num}: not valid CSV ({error})") from None
-
+    data = _read_bytes(path, shown)
+    header, rows = _read_rows(data, shown)
     tariffs = {}
     models = {}  # gpu -> (line, row) of the model's first row
     for line, record in rows:
         where = f"{shown}:{line}"
-        if len(record) != len(header):
-            raise InputError(f"{where}: {len(record)} fields, the header has {len(header)}")
-        row = dict(zip(header, record, strict=True))
-        for column, (pattern, meaning) in COLUMNS.items():
-            value = row[column]
-            if re.search(CONTROL, value):
-                raise InputError(f"{where}: {column} holds a line break or control character")
-            if not re.fullmatch(pattern, value):
-                raise InputError(f"{where}: {column} must be {meaning}, got {value!r}")
-        try:
-            datetime.date.fromisoformat(row["snapshot_date"])
-        except ValueError:
-            raise InputError(
-                f"{where}: snapshot_date {row['snapshot_date']!r} is no real date"
-            ) from None
-        gpu, days = row["gpu"], int(row["days"])
-        if (gpu, days) in tariffs:
-            raise InputError(f"{where}: duplicate tariff for {gpu} {days} days")
-        if models:
-            _, first = next(iter(models.values()))
-            for column in PER_FILE:
-                if row[column] != first[column]:
-                    raise InputError(
-                        f"{where}: {column} {row[column]!r} differs from {first[column]!r} "
-                        "(one file is one catalogue snapshot)"
-                    )
-        if gpu in models:
-            _, same = models[gpu]
-            for column in PER_MODEL:
-                if row[column] != same[column]:
-                    raise InputError(
-                        f"{where}: {column} {row[column]!r} differs from {same[column]!r} "
-                        f"on {gpu}'s first row"
-                    )
-        else:
-            models[gpu] = (line, row)
-        tariffs[gpu, days] = row
-    if not tariffs:
-        raise InputError(f"{shown}:2: no tariff rows")
-    for gpu, (line, _) in models.items():
-        for days in DURATIONS:
-            if (gpu, days) not in tariffs:
-                raise InputError(f"{shown}:{line}: {gpu} has no {days}-day tariff")
-
+        row = _checked_row(header, record, where)
+        _check_against_earlier_rows(row, tariffs, models, where)
+        models.setdefault(row["gpu"], (line, row))
+        tariffs[row["gpu"], int(row["days"])] = row
+    _check_complete(tariffs, models, shown)
     first = next(iter(tariffs.values()))
     return {
         "tariffs": tariffs,
@@ -262,6 +192,103 @@ def load_tariffs(path, shown=None):
         "file": os.path.basename(path),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
+
+
+def _read_bytes(path, shown):
+    """The file's bytes: the SHA-256 that every quote names is of these exact bytes."""
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as error:
+        raise InputError(f"cannot read tariff file {shown}: {error.strerror}") from None
+
+
+def _read_rows(data, shown):
+    """The header, checked, and the non-blank records with the line each starts on."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise InputError(f"{shown}:{line}: not UTF-8 text") from None
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    rows = []
+    try:
+        header = next(reader, None)
+        _check_header(header, shown)
+        end = reader.line_num
+        for record in reader:  # a quoted cell may span lines: report where its record starts
+            start, end = end + 1, reader.line_num
+            if record:  # the csv module gives [] for a blank line
+                rows.append((start, record))
+    except csv.Error as error:
+        raise InputError(f"{shown}:{reader.line_num}: not valid CSV ({error})") from None
+    return header, rows
+
+
+def _check_header(header, shown):
+    if not header:
+        raise InputError(f"{shown}:1: no header row")
+    for column in COLUMNS:
+        if column not in header:
+            raise InputError(f"{shown}:1: missing column {column!r}")
+    for column in header:
+        if column not in COLUMNS or header.count(column) > 1:
+            what = "duplicate" if column in COLUMNS else "unknown"
+            raise InputError(f"{shown}:1: {what} column {column!r}")
+
+
+def _checked_row(header, record, where):
+    """One record as a dict whose every cell follows its column's rule (the row schema's)."""
+    if len(record) != len(header):
+        raise InputError(f"{where}: {len(record)} fields, the header has {len(header)}")
+    row = dict(zip(header, record, strict=True))
+    for column, (pattern, meaning) in COLUMNS.items():
+        value = row[column]
+        if re.search(CONTROL, value):
+            raise InputError(f"{where}: {column} holds a line break or control character")
+        if not re.fullmatch(pattern, value):
+            raise InputError(f"{where}: {column} must be {meaning}, got {value!r}")
+    try:
+        datetime.date.fromisoformat(row["snapshot_date"])
+    except ValueError:
+        raise InputError(
+            f"{where}: snapshot_date {row['snapshot_date']!r} is no real date"
+        ) from None
+    return row
+
+
+def _check_against_earlier_rows(row, tariffs, models, where):
+    """The rules a single row cannot break alone: one tariff per model and duration, one
+    catalogue snapshot per file, one description per model."""
+    gpu, days = row["gpu"], int(row["days"])
+    if (gpu, days) in tariffs:
+        raise InputError(f"{where}: duplicate tariff for {gpu} {days} days")
+    if models:
+        _, first = next(iter(models.values()))
+        for column in PER_FILE:
+            if row[column] != first[column]:
+                raise InputError(
+                    f"{where}: {column} {row[column]!r} differs from {first[column]!r} "
+                    "(one file is one catalogue snapshot)"
+                )
+    if gpu in models:
+        _, same = models[gpu]
+        for column in PER_MODEL:
+            if row[column] != same[column]:
+                raise InputError(
+                    f"{where}: {column} {row[column]!r} differs from {same[column]!r} "
+                    f"on {gpu}'s first row"
+                )
+
+
+def _check_complete(tariffs, models, shown):
+    """Every model is sold for every duration, so a comparison never silently drops one."""
+    if not tariffs:
+        raise InputError(f"{shown}:2: no tariff rows")
+    for gpu, (line, _) in models.items():
+        for days in DURATIONS:
+            if (gpu, days) not in tariffs:
+                raise InputError(f"{shown}:{line}: {gpu} has no {days}-day tariff")
 
 
 def ratio_hundredths(cents, divisor):
@@ -293,7 +320,7 @@ def _dollars_fine(cents_text):
 
 
 def notice(catalogue, accepted=None, compare=False):
-    """What a price does not prove (rule 28), worded from the file's own price_status."""
+    """What a price does not prove, worded from the file's own price_status."""
     date, file = catalogue["snapshot_date"], catalogue["file"]
     if catalogue["price_status"] == "illustrative":
         lines = [
@@ -318,7 +345,7 @@ def notice(catalogue, accepted=None, compare=False):
 
 
 def quote(catalogue, gpu, days, lots=None, gpus=None, accepted=None):
-    """One package: `lots` lots, or the fewest lots that give `gpus` GPUs (rule 27)."""
+    """One package: `lots` lots, or the fewest whole lots that give `gpus` GPUs."""
     if gpu not in catalogue["models"]:
         valid = ", ".join(sorted(catalogue["models"]))
         raise InputError(f"unknown GPU model {gpu!r}; valid ids: {valid}")
