@@ -14,6 +14,10 @@ rounded once, half to even (decimal.ROUND_HALF_EVEN), to 0.01 cent, and given in
 JSON as a decimal string of cents ("12.35"): an unbiased rule, so unit cost x N
 differs from the total by at most 0.005 x N cents.
 
+Memory is judged as PyTorch will see it, from the vendor's figure only (this script
+reads no measurement): the tariff file's nominal GiB per GPU, each taken as 10^9 bytes
+(6.9% less), less the CUDA context (MEMORY_RULE says the figures and their source).
+
 The tariff file is looked for beside this script (the kit's layout), then in
 ../data/ (this repository's layout), unless --tariffs names one. Every quote names
 its price_status (illustrative or catalogue), snapshot date and SHA-256, read
@@ -26,6 +30,7 @@ import argparse
 import csv
 import datetime
 import decimal
+import fractions
 import hashlib
 import io
 import os
@@ -52,6 +57,24 @@ COLUMNS = {
 CONTROL = r"[\x00-\x1f\x7f]"  # no cell may hold one: a line break, a tab, a NUL...
 PER_MODEL = ("name", "gpus_per_lot", "memory_gib_per_gpu")
 PER_FILE = ("currency", "price_status", "snapshot_date")
+
+
+GIB = 2**30
+# What the allocator cannot have, measured on an NVIDIA H200 (driver 580.159.04, CUDA 13.0,
+# PyTorch 2.11): total minus free memory as the process starts, in every committed run; and
+# what CUDA adds when the first forward passes load their kernels (lazy module loading).
+CONTEXT_AT_START_BYTES = 552_402_944
+KERNELS_LOADED_LATER_BYTES = 165_675_008
+CONTEXT_ROOM_BYTES = CONTEXT_AT_START_BYTES + KERNELS_LOADED_LATER_BYTES
+# A vendor's memory figure is nominal: PyTorch saw 139.80 GiB of the H200's 141, and ECC
+# takes about 1/16 of GDDR memory where it is on. Taking each nominal GiB as 10^9 bytes
+# (6.9% off) covers both; a measurement, where one exists, replaces the guess (pipeline/fit.py).
+VENDOR_BYTES_PER_GIB = 10**9
+MEMORY_RULE = (
+    "nominal GiB per GPU taken as 10^9 bytes each (6.9% off: "
+    "PyTorch saw 139.80 GiB of the H200's nominal 141, and ECC takes about 1/16 of GDDR "
+    "memory), less 0.67 GiB for the CUDA context (measured on an NVIDIA H200)"
+)
 
 
 class InputError(Exception):
@@ -109,6 +132,8 @@ def _parser():
         "  %(prog)s --gpu h100 --days 30 --gpus 4 --accepted-results 12000 --json\n"
         "  %(prog)s --compare --days 7 --gpus 4 --min-memory-gib 80\n\n"
         "Prices come from the tariff file and say whether they are illustrative.\n"
+        "Memory usable by PyTorch is a cautious reading of the vendor figure: its GiB\n"
+        "taken as 10^9 bytes, less 0.67 GiB of CUDA context (measured on an H200).\n"
         "A tariff proves neither availability nor a reservation: check the live offer.",
     )
     parser.add_argument("--gpu", metavar="ID", help="model id from the tariff file, e.g. b200")
@@ -137,7 +162,8 @@ def _parser():
         "--min-memory-gib",
         type=_gib,
         metavar="X",
-        help="with --compare: keep models with at least X GiB per GPU (vendor figure)",
+        help="with --compare: keep models where X GiB of PyTorch memory (a peak reserved) "
+        "fits on one GPU, judged from the vendor figure (see --help's note)",
     )
     parser.add_argument(
         "--tariffs",
@@ -333,7 +359,7 @@ def notice(catalogue, accepted=None, compare=False):
         "A tariff proves neither current availability nor a reservation: "
         "check the live offer before buying.",
         "Whole packages of 3, 7 or 30 days in USD: no hourly proration, no currency conversion.",
-        "Memory is the vendor's nominal figure per GPU; the runtime leaves less of it usable.",
+        f"Memory for PyTorch is the vendor figure, not measured: {MEMORY_RULE}.",
     ]
     if accepted is not None:
         lines.append(
@@ -342,6 +368,17 @@ def notice(catalogue, accepted=None, compare=False):
             + ("; the same count is assumed on every model." if compare else ".")
         )
     return lines
+
+
+def usable_bytes(row):
+    """Memory PyTorch's allocator may hold on one GPU of the row's model, by MEMORY_RULE."""
+    return int(row["memory_gib_per_gpu"]) * VENDOR_BYTES_PER_GIB - CONTEXT_ROOM_BYTES
+
+
+def gib_floor_text(nbytes):
+    """GiB to 0.01, rounded down: memory said to be usable is never rounded up."""
+    hundredths = nbytes * 100 // GIB
+    return f"{hundredths // 100}.{hundredths % 100:02d}"
 
 
 def quote(catalogue, gpu, days, lots=None, gpus=None, accepted=None):
@@ -360,6 +397,8 @@ def quote(catalogue, gpu, days, lots=None, gpus=None, accepted=None):
         "gpu": gpu,
         "name": row["name"],
         "memory_gib_per_gpu": int(row["memory_gib_per_gpu"]),
+        "usable_memory_bytes": usable_bytes(row),
+        "memory_source": "vendor figure",
         "days": days,
         "gpus_requested": gpus,
         "lots": lots,
@@ -384,7 +423,7 @@ def compare(catalogue, days, lots=None, gpus=None, accepted=None, min_memory=Non
         quote(catalogue, gpu, days, lots, gpus, accepted)
         for gpu in catalogue["models"]
         if min_memory is None
-        or int(catalogue["tariffs"][gpu, days]["memory_gib_per_gpu"]) >= min_memory
+        or usable_bytes(catalogue["tariffs"][gpu, days]) >= fractions.Fraction(min_memory) * GIB
     ]
     quotes.sort(key=lambda q: (q["total_cents"], q["gpu"]))
     return {
@@ -392,6 +431,7 @@ def compare(catalogue, days, lots=None, gpus=None, accepted=None, min_memory=Non
         "gpus_requested": gpus,
         "lots": lots,
         "min_memory_gib": None if min_memory is None else str(min_memory),
+        "memory_rule": MEMORY_RULE,
         "accepted_results": accepted,
         "price_status": catalogue["price_status"],
         "snapshot_date": catalogue["snapshot_date"],
@@ -431,7 +471,10 @@ def _lots_text(q):
 def render_quote(q):
     lines = [
         _heading("package quote", q),
-        f"  model            {q['name']} ({q['gpu']}), {q['memory_gib_per_gpu']} GiB per GPU",
+        f"  model            {q['name']} ({q['gpu']}), {q['memory_gib_per_gpu']} GiB per GPU "
+        "(vendor's nominal figure)",
+        f"  for PyTorch      {gib_floor_text(q['usable_memory_bytes'])} GiB per GPU "
+        "(cautious reading: see below)",
         f"  package          {q['days']} days, whole package",
         f"  lots             {_lots_text(q)}",
         f"  price per lot    {dollars(q['price_per_lot_cents'])} {q['currency']}",
@@ -462,10 +505,10 @@ def render_comparison(result):
     lines = [
         _heading("package comparison", result),
         f"{result['days']} days, {basis}"
-        + (f", at least {memory} GiB per GPU" if memory is not None else "")
+        + (f", at least {memory} GiB per GPU for PyTorch" if memory is not None else "")
         + ", cheapest total first",
     ]
-    table = [["model", "GiB/GPU", "lots", "GPUs", "total USD", "per GPU-day"]]
+    table = [["model", "nominal GiB", "for PyTorch", "lots", "GPUs", "total USD", "per GPU-day"]]
     if result["accepted_results"] is not None:
         table[0].append("per accepted result")
     notes = []
@@ -473,6 +516,7 @@ def render_comparison(result):
         cells = [
             q["gpu"],
             str(q["memory_gib_per_gpu"]),
+            gib_floor_text(q["usable_memory_bytes"]),
             str(q["lots"]),
             str(q["gpus"]),
             dollars(q["total_cents"]),
@@ -484,7 +528,10 @@ def render_comparison(result):
         if q["gpus_per_lot"] > 1:
             notes.append(f"{q['gpu']}: {_lots_text(q)}")
     if len(table) == 1:
-        lines.append(f"No model in {result['tariffs_file']} has at least {memory} GiB per GPU.")
+        lines.append(
+            f"No model in {result['tariffs_file']} has {memory} GiB per GPU for PyTorch "
+            "(vendor figures, cautious reading: see below)."
+        )
     else:
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         for row in table:
