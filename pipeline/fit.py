@@ -62,19 +62,25 @@ class Memory:
 
 
 def read_json(path: Path) -> dict:
-    """A JSON object, or one line saying why not: truncated, NaN, nested too deep..."""
+    return read_json_bytes(path)[0]
+
+
+def read_json_bytes(path: Path) -> tuple[dict, bytes]:
+    """A JSON object and the bytes it was read from, or one line saying why it is not one:
+    truncated, NaN or Infinity (not JSON, though Python's parser takes them), nested too deep."""
 
     def refuse(constant: str):
         raise ValueError(f"{constant} is not JSON")
 
+    data = path.read_bytes()
     try:
-        document = json.loads(path.read_bytes(), parse_constant=refuse)
+        document = json.loads(data, parse_constant=refuse)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeError included
         reason = "nested too deep" if isinstance(exc, RecursionError) else exc
         raise cli.UsageError(f"{path}: not valid JSON ({reason})") from None
     if not isinstance(document, dict):
         raise cli.UsageError(f"{path}: not a JSON object")
-    return document
+    return document, data
 
 
 def configuration_text(configuration: dict) -> str:
@@ -206,9 +212,10 @@ def measured_memory(name: str, records: list[Record]) -> Memory:
         total_bytes=total,
         context_bytes=context,
         basis="measured",
-        detail=f"{name}, {len(records)} run(s): total {gib(total)} GiB as PyTorch reports it, "
-        f"CUDA context {gib(at_start)} GiB at the start + "
-        f"{gib(calcul_forfaits.KERNELS_LOADED_LATER_BYTES)} GiB of kernels loaded later",
+        detail=f"{name}, {len(records)} run(s): total {total:,} bytes ({gib(total)} GiB) as "
+        f"PyTorch reports it, less the CUDA context: {at_start:,} bytes at the start (total "
+        f"minus free) + {calcul_forfaits.KERNELS_LOADED_LATER_BYTES:,} bytes of kernels loaded "
+        "later (measured on the H200)",
     )
 
 

@@ -102,8 +102,9 @@ def test_the_context_sweep_fits_where_its_peak_and_the_context_fit(tmp_path):
         169680,
     )
     assert result["memory_bases"]["measured"] == (
-        "NVIDIA H200, 1 run(s): total 139.80 GiB as PyTorch reports it, CUDA context 0.51 GiB "
-        "at the start + 0.15 GiB of kernels loaded later"
+        "NVIDIA H200, 1 run(s): total 150,109,880,320 bytes (139.80 GiB) as PyTorch reports it, "
+        "less the CUDA context: 552,402,944 bytes at the start (total minus free) + 165,675,008 "
+        "bytes of kernels loaded later (measured on the H200)"
     )
 
 
