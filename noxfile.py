@@ -204,3 +204,11 @@ def verify(session: nox.Session) -> None:
 def notebook(session: nox.Session) -> None:
     """Regenerate data/mesure-memoire.ipynb from mesure_memoire.py (`-- --check`: compare)."""
     stage(session, "make_notebook.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def fit(session: nox.Session) -> None:
+    """Which catalogue GPU holds a run's, sweep's or prediction's peak: `-- RUN_DIR --days 7`."""
+    if not session.posargs:
+        session.error("Usage: nox -s fit -- RUN_DIR|SWEEP_DIR|PREDICTION.json --days 3|7|30 [...]")
+    stage(session, "fit.py", *session.posargs)

@@ -6,14 +6,17 @@ the spec's larger configuration, measured and predicted.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import fit
 import pytest
-from conftest import RUNS, run_script
+from conftest import ROOT, RUNS, run_script
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -281,3 +284,29 @@ def test_a_runs_directory_that_does_not_exist_is_refused(tmp_path):
     result = run_script("fit.py", str(folder), "--days", "7", "--runs-dir", str(tmp_path / "no"))
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == f"fit.py: error: {tmp_path / 'no'} is not an existing folder\n"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nox") is None, reason="nox is not installed here")
+def test_nox_fit_runs_the_stage_and_ends_with_its_exit_code(tmp_path):
+    runs = tmp_path / "runs"
+    folder = copy_run(runs, LARGE_RUN)
+    env = {**os.environ, "ITERAGPU_PYTHON": sys.executable, "ITERAGPU_RUNS_DIR": str(runs)}
+    command = [sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", "fit", "--"]
+    done = subprocess.run(
+        [*command, str(folder), "--days", "7"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "peak reserved 0.09 GiB (92,274,688 bytes, measured on NVIDIA H200)"
+    )
+    refused = subprocess.run(
+        [*command, str(tmp_path / "nowhere"), "--days", "7"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert refused.returncode == 2
+    assert (
+        f"fit.py: error: {tmp_path / 'nowhere'} does not exist" in refused.stdout + refused.stderr
+    )
