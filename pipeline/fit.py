@@ -9,7 +9,8 @@ in the total memory PyTorch reports for that GPU. Where runs in the runs directo
 source itself) were measured on a model, its figures are measured; for any other model they
 are calcul_forfaits' cautious reading of the vendor figure, and the output says which. Several
 GPUs sharing one peak is not modelled. Prices are calcul_forfaits' (whole lots, integer
-cents). Writes nothing. Exit 0 answered (also when nothing fits), 2 bad input.
+cents). Writes nothing. Exit 0 answered (also when nothing fits), 2 bad input, 1 the reader
+closed the pipe early.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -435,7 +437,11 @@ def main(argv: list[str] | None = None) -> int:
         catalogue = load_catalogue(args.tariffs)
         memory = catalogue_memory(catalogue, evidence(runs_dir_of(args.runs_dir), [need]))
         result = fit(need, catalogue, memory, args.days, args.accepted_results)
-        print(json.dumps(result, indent=2) if args.json else render(result))
+        try:
+            print(json.dumps(result, indent=2) if args.json else render(result), flush=True)
+        except BrokenPipeError:  # `| head` stopped reading: Python's documented way to stay quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return cli.INVALID
         return cli.OK
 
     return cli.run("fit.py", body)
