@@ -123,6 +123,7 @@ def phase_label(row: dict) -> str:
 
 
 def run_picture(source: Source):
+    """Six bars per phase, never summed: allocated is part of reserved, the peaks are maxima."""
     plt = pyplot()
     document = source.document
     phases = document["phases"]
@@ -146,7 +147,9 @@ def run_picture(source: Source):
     axes.set_xticks(range(len(phases)), [phase_label(row) for row in phases], rotation=20)
     axes.set_ylabel(f"{unit_name}: PyTorch allocator, this process")
     c = document["configuration"]
-    status = "" if document["status"] == "completed" else f" ({document['status']})"
+    status = (
+        "" if document["status"] == "completed" else f" ({document['status'].replace('_', ' ')})"
+    )
     axes.set_title(
         f"Memory per phase{status}: {source.gpu_name or 'GPU not recorded'}\n"
         f"run {source.name}: batch {c['batch']}, context {c['context']}, width {c['width']}, "
@@ -179,6 +182,8 @@ def usable_line(source: Source, records: list[fit.Record]) -> tuple[int, str] | 
 
 
 def sweep_picture(source: Source, records: list[fit.Record]):
+    """Logarithmic axes where the data span more than 30 times; otherwise a linear axis from
+    zero scaled to the data, so that a sweep of a few MiB is no flat line under the GPU's."""
     plt = pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, ScalarFormatter
 
@@ -298,6 +303,7 @@ def sweep_picture(source: Source, records: list[fit.Record]):
 
 
 def cost_picture(result: dict, need: fit.Need):
+    """What one accepted result costs on each model that holds the peak, exact to 0.01 cent."""
     plt = pyplot()
     rows = [row for row in result["rows"] if row["fits"]]
     figure, axes = plt.subplots(figsize=(10, 0.45 * len(rows) + 3.2), layout="constrained")
