@@ -163,7 +163,7 @@ def _parser():
         type=_gib,
         metavar="X",
         help="with --compare: keep models where X GiB of PyTorch memory (a peak reserved) "
-        "fits on one GPU, judged from the vendor figure (see --help's note)",
+        "fits on one GPU, judged from the vendor figure (see the note below)",
     )
     parser.add_argument(
         "--tariffs",
