@@ -207,7 +207,7 @@ def sweep(session: nox.Session) -> None:
 
 @nox.session
 def report(session: nox.Session) -> None:
-    """Draw memory, sweep and cost pictures (matplotlib) into run folders: `-- RUN_DIR...`."""
+    """Draw memory, sweep and cost pictures into a new runs/<id>-report/: `-- RUN_DIR...`."""
     usage = "RUN_DIR... [--days 7 --accepted-results N]"
     run_stage(session, "report.py", usage=usage, group="report")
 
@@ -252,3 +252,9 @@ def verify(session: nox.Session) -> None:
 def notebook(session: nox.Session) -> None:
     """Regenerate data/mesure-memoire.ipynb from mesure_memoire.py (`-- --check`: compare)."""
     run_stage(session, "make_notebook.py")
+
+
+@nox.session(venv_backend="none")
+def fit(session: nox.Session) -> None:
+    """Which catalogue GPU holds a run's, sweep's or prediction's peak: `-- RUN_DIR --days 7`."""
+    run_stage(session, "fit.py", usage="RUN_DIR|SWEEP_DIR|PREDICTION.json --days 3|7|30 [...]")

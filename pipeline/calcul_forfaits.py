@@ -14,6 +14,10 @@ rounded once, half to even (decimal.ROUND_HALF_EVEN), to 0.01 cent, and given in
 JSON as a decimal string of cents ("12.35"): an unbiased rule, so unit cost x N
 differs from the total by at most 0.005 x N cents.
 
+Memory is judged as PyTorch will see it, from the vendor's figure only (this script
+reads no measurement): the tariff file's nominal GiB per GPU, each taken as 10^9 bytes
+(6.9% less), less the CUDA context (MEMORY_RULE says the figures and their source).
+
 The tariff file is looked for beside this script (the kit's layout), then in
 ../data/ (this repository's layout), unless --tariffs names one. Every quote names
 its price_status (illustrative or catalogue), snapshot date and SHA-256, read
@@ -26,6 +30,7 @@ import argparse
 import csv
 import datetime
 import decimal
+import fractions
 import hashlib
 import io
 import os
@@ -54,13 +59,30 @@ PER_MODEL = ("name", "gpus_per_lot", "memory_gib_per_gpu")
 PER_FILE = ("currency", "price_status", "snapshot_date")
 
 
+GIB = 2**30
+# What the allocator cannot have, measured on an NVIDIA H200 (driver 580.159.04, CUDA 13.0,
+# PyTorch 2.11): total minus free memory as the process starts, in every committed run; and
+# what CUDA adds when the first forward passes load their kernels (lazy module loading).
+CONTEXT_AT_START_BYTES = 552_402_944
+KERNELS_LOADED_LATER_BYTES = 165_675_008
+CONTEXT_ROOM_BYTES = CONTEXT_AT_START_BYTES + KERNELS_LOADED_LATER_BYTES
+# A vendor's memory figure is nominal: PyTorch saw 139.80 GiB of the H200's 141, and ECC
+# takes about 1/16 of GDDR memory where it is on. Taking each nominal GiB as 10^9 bytes
+# (6.9% off) covers both; a measurement, where one exists, replaces the guess (pipeline/fit.py).
+VENDOR_BYTES_PER_GIB = 10**9
+MEMORY_RULE = (
+    "nominal GiB per GPU taken as 10^9 bytes each (6.9% off: "
+    "PyTorch saw 139.80 GiB of the H200's nominal 141, and ECC takes about 1/16 of GDDR "
+    "memory), less 0.67 GiB for the CUDA context (measured on an NVIDIA H200)"
+)
+
+
 class InputError(Exception):
     """Bad input or tariff file: one line on stderr, exit 2."""
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
-    """Help wraps at 80 columns. argparse builds a formatter on every run (to check each
-    metavar); left to size itself it imports shutil, milliseconds a quote never uses."""
+    """Help wraps at 80 columns: a fixed width keeps every run from sizing the terminal."""
 
     def __init__(self, prog):
         super().__init__(prog, width=80)
@@ -110,6 +132,8 @@ def _parser():
         "  %(prog)s --gpu h100 --days 30 --gpus 4 --accepted-results 12000 --json\n"
         "  %(prog)s --compare --days 7 --gpus 4 --min-memory-gib 80\n\n"
         "Prices come from the tariff file and say whether they are illustrative.\n"
+        "Memory usable by PyTorch is a cautious reading of the vendor figure: its GiB\n"
+        "taken as 10^9 bytes, less 0.67 GiB of CUDA context (measured on an H200).\n"
         "A tariff proves neither availability nor a reservation: check the live offer.",
     )
     parser.add_argument("--gpu", metavar="ID", help="model id from the tariff file, e.g. b200")
@@ -138,7 +162,8 @@ def _parser():
         "--min-memory-gib",
         type=_gib,
         metavar="X",
-        help="with --compare: keep models with at least X GiB per GPU (vendor figure)",
+        help="with --compare: keep models where X GiB of PyTorch memory (a peak reserved) "
+        "fits on one GPU, judged from the vendor figure (see the note below)",
     )
     parser.add_argument(
         "--tariffs",
@@ -173,86 +198,17 @@ def default_tariffs():
 def load_tariffs(path, shown=None):
     """Reads and checks the whole grid, so no quote is ever priced from a broken file."""
     shown = path if shown is None else shown
-    try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except OSError as error:
-        raise InputError(f"cannot read tariff file {shown}: {error.strerror}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise InputError(f"{shown}:{line}: not UTF-8 text") from None
-
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    rows = []
-    try:
-        header = next(reader, None)
-        if not header:
-            raise InputError(f"{shown}:1: no header row")
-        for column in COLUMNS:
-            if column not in header:
-                raise InputError(f"{shown}:1: missing column {column!r}")
-        for column in header:
-            if column not in COLUMNS or header.count(column) > 1:
-                what = "duplicate" if column in COLUMNS else "unknown"
-                raise InputError(f"{shown}:1: {what} column {column!r}")
-        end = reader.line_num
-        for record in reader:  # a quoted cell may span lines: report where its record starts
-            start, end = end + 1, reader.line_num
-            if record:  # the csv module gives [] for a blank line
-                rows.append((start, record))
-    except csv.Error as error:
-        raise InputError(f"{shown}:{reader.line_num}: not valid CSV ({error})") from None
-
+    data = _read_bytes(path, shown)
+    header, rows = _read_rows(data, shown)
     tariffs = {}
     models = {}  # gpu -> (line, row) of the model's first row
     for line, record in rows:
         where = f"{shown}:{line}"
-        if len(record) != len(header):
-            raise InputError(f"{where}: {len(record)} fields, the header has {len(header)}")
-        row = dict(zip(header, record, strict=True))
-        for column, (pattern, meaning) in COLUMNS.items():
-            value = row[column]
-            if re.search(CONTROL, value):
-                raise InputError(f"{where}: {column} holds a line break or control character")
-            if not re.fullmatch(pattern, value):
-                raise InputError(f"{where}: {column} must be {meaning}, got {value!r}")
-        try:
-            datetime.date.fromisoformat(row["snapshot_date"])
-        except ValueError:
-            raise InputError(
-                f"{where}: snapshot_date {row['snapshot_date']!r} is no real date"
-            ) from None
-        gpu, days = row["gpu"], int(row["days"])
-        if (gpu, days) in tariffs:
-            raise InputError(f"{where}: duplicate tariff for {gpu} {days} days")
-        if models:
-            _, first = next(iter(models.values()))
-            for column in PER_FILE:
-                if row[column] != first[column]:
-                    raise InputError(
-                        f"{where}: {column} {row[column]!r} differs from {first[column]!r} "
-                        "(one file is one catalogue snapshot)"
-                    )
-        if gpu in models:
-            _, same = models[gpu]
-            for column in PER_MODEL:
-                if row[column] != same[column]:
-                    raise InputError(
-                        f"{where}: {column} {row[column]!r} differs from {same[column]!r} "
-                        f"on {gpu}'s first row"
-                    )
-        else:
-            models[gpu] = (line, row)
-        tariffs[gpu, days] = row
-    if not tariffs:
-        raise InputError(f"{shown}:2: no tariff rows")
-    for gpu, (line, _) in models.items():
-        for days in DURATIONS:
-            if (gpu, days) not in tariffs:
-                raise InputError(f"{shown}:{line}: {gpu} has no {days}-day tariff")
-
+        row = _checked_row(header, record, where)
+        _check_against_earlier_rows(row, tariffs, models, where)
+        models.setdefault(row["gpu"], (line, row))
+        tariffs[row["gpu"], int(row["days"])] = row
+    _check_complete(tariffs, models, shown)
     first = next(iter(tariffs.values()))
     return {
         "tariffs": tariffs,
@@ -262,6 +218,103 @@ def load_tariffs(path, shown=None):
         "file": os.path.basename(path),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
+
+
+def _read_bytes(path, shown):
+    """The file's bytes: the SHA-256 that every quote names is of these exact bytes."""
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as error:
+        raise InputError(f"cannot read tariff file {shown}: {error.strerror}") from None
+
+
+def _read_rows(data, shown):
+    """The header, checked, and the non-blank records with the line each starts on."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise InputError(f"{shown}:{line}: not UTF-8 text") from None
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    rows = []
+    try:
+        header = next(reader, None)
+        _check_header(header, shown)
+        end = reader.line_num
+        for record in reader:  # a quoted cell may span lines: report where its record starts
+            start, end = end + 1, reader.line_num
+            if record:  # the csv module gives [] for a blank line
+                rows.append((start, record))
+    except csv.Error as error:
+        raise InputError(f"{shown}:{reader.line_num}: not valid CSV ({error})") from None
+    return header, rows
+
+
+def _check_header(header, shown):
+    if not header:
+        raise InputError(f"{shown}:1: no header row")
+    for column in COLUMNS:
+        if column not in header:
+            raise InputError(f"{shown}:1: missing column {column!r}")
+    for column in header:
+        if column not in COLUMNS or header.count(column) > 1:
+            what = "duplicate" if column in COLUMNS else "unknown"
+            raise InputError(f"{shown}:1: {what} column {column!r}")
+
+
+def _checked_row(header, record, where):
+    """One record as a dict whose every cell follows its column's rule (the row schema's)."""
+    if len(record) != len(header):
+        raise InputError(f"{where}: {len(record)} fields, the header has {len(header)}")
+    row = dict(zip(header, record, strict=True))
+    for column, (pattern, meaning) in COLUMNS.items():
+        value = row[column]
+        if re.search(CONTROL, value):
+            raise InputError(f"{where}: {column} holds a line break or control character")
+        if not re.fullmatch(pattern, value):
+            raise InputError(f"{where}: {column} must be {meaning}, got {value!r}")
+    try:
+        datetime.date.fromisoformat(row["snapshot_date"])
+    except ValueError:
+        raise InputError(
+            f"{where}: snapshot_date {row['snapshot_date']!r} is no real date"
+        ) from None
+    return row
+
+
+def _check_against_earlier_rows(row, tariffs, models, where):
+    """The rules a single row cannot break alone: one tariff per model and duration, one
+    catalogue snapshot per file, one description per model."""
+    gpu, days = row["gpu"], int(row["days"])
+    if (gpu, days) in tariffs:
+        raise InputError(f"{where}: duplicate tariff for {gpu} {days} days")
+    if models:
+        _, first = next(iter(models.values()))
+        for column in PER_FILE:
+            if row[column] != first[column]:
+                raise InputError(
+                    f"{where}: {column} {row[column]!r} differs from {first[column]!r} "
+                    "(one file is one catalogue snapshot)"
+                )
+    if gpu in models:
+        _, same = models[gpu]
+        for column in PER_MODEL:
+            if row[column] != same[column]:
+                raise InputError(
+                    f"{where}: {column} {row[column]!r} differs from {same[column]!r} "
+                    f"on {gpu}'s first row"
+                )
+
+
+def _check_complete(tariffs, models, shown):
+    """Every model is sold for every duration, so a comparison never silently drops one."""
+    if not tariffs:
+        raise InputError(f"{shown}:2: no tariff rows")
+    for gpu, (line, _) in models.items():
+        for days in DURATIONS:
+            if (gpu, days) not in tariffs:
+                raise InputError(f"{shown}:{line}: {gpu} has no {days}-day tariff")
 
 
 def ratio_hundredths(cents, divisor):
@@ -293,7 +346,7 @@ def _dollars_fine(cents_text):
 
 
 def notice(catalogue, accepted=None, compare=False):
-    """What a price does not prove (rule 28), worded from the file's own price_status."""
+    """What a price does not prove, worded from the file's own price_status."""
     date, file = catalogue["snapshot_date"], catalogue["file"]
     if catalogue["price_status"] == "illustrative":
         lines = [
@@ -306,7 +359,7 @@ def notice(catalogue, accepted=None, compare=False):
         "A tariff proves neither current availability nor a reservation: "
         "check the live offer before buying.",
         "Whole packages of 3, 7 or 30 days in USD: no hourly proration, no currency conversion.",
-        "Memory is the vendor's nominal figure per GPU; the runtime leaves less of it usable.",
+        f"Memory for PyTorch is the vendor figure, not measured: {MEMORY_RULE}.",
     ]
     if accepted is not None:
         lines.append(
@@ -317,8 +370,19 @@ def notice(catalogue, accepted=None, compare=False):
     return lines
 
 
+def usable_bytes(row):
+    """Memory PyTorch's allocator may hold on one GPU of the row's model, by MEMORY_RULE."""
+    return int(row["memory_gib_per_gpu"]) * VENDOR_BYTES_PER_GIB - CONTEXT_ROOM_BYTES
+
+
+def gib_floor_text(nbytes):
+    """GiB to 0.01, rounded down: memory said to be usable is never rounded up."""
+    hundredths = nbytes * 100 // GIB
+    return f"{hundredths // 100}.{hundredths % 100:02d}"
+
+
 def quote(catalogue, gpu, days, lots=None, gpus=None, accepted=None):
-    """One package: `lots` lots, or the fewest lots that give `gpus` GPUs (rule 27)."""
+    """One package: `lots` lots, or the fewest whole lots that give `gpus` GPUs."""
     if gpu not in catalogue["models"]:
         valid = ", ".join(sorted(catalogue["models"]))
         raise InputError(f"unknown GPU model {gpu!r}; valid ids: {valid}")
@@ -333,6 +397,8 @@ def quote(catalogue, gpu, days, lots=None, gpus=None, accepted=None):
         "gpu": gpu,
         "name": row["name"],
         "memory_gib_per_gpu": int(row["memory_gib_per_gpu"]),
+        "usable_memory_bytes": usable_bytes(row),
+        "memory_source": "vendor figure",
         "days": days,
         "gpus_requested": gpus,
         "lots": lots,
@@ -357,7 +423,7 @@ def compare(catalogue, days, lots=None, gpus=None, accepted=None, min_memory=Non
         quote(catalogue, gpu, days, lots, gpus, accepted)
         for gpu in catalogue["models"]
         if min_memory is None
-        or int(catalogue["tariffs"][gpu, days]["memory_gib_per_gpu"]) >= min_memory
+        or usable_bytes(catalogue["tariffs"][gpu, days]) >= fractions.Fraction(min_memory) * GIB
     ]
     quotes.sort(key=lambda q: (q["total_cents"], q["gpu"]))
     return {
@@ -365,6 +431,7 @@ def compare(catalogue, days, lots=None, gpus=None, accepted=None, min_memory=Non
         "gpus_requested": gpus,
         "lots": lots,
         "min_memory_gib": None if min_memory is None else str(min_memory),
+        "memory_rule": MEMORY_RULE,
         "accepted_results": accepted,
         "price_status": catalogue["price_status"],
         "snapshot_date": catalogue["snapshot_date"],
@@ -404,7 +471,10 @@ def _lots_text(q):
 def render_quote(q):
     lines = [
         _heading("package quote", q),
-        f"  model            {q['name']} ({q['gpu']}), {q['memory_gib_per_gpu']} GiB per GPU",
+        f"  model            {q['name']} ({q['gpu']}), {q['memory_gib_per_gpu']} GiB per GPU "
+        "(vendor's nominal figure)",
+        f"  for PyTorch      {gib_floor_text(q['usable_memory_bytes'])} GiB per GPU "
+        "(cautious reading: see below)",
         f"  package          {q['days']} days, whole package",
         f"  lots             {_lots_text(q)}",
         f"  price per lot    {dollars(q['price_per_lot_cents'])} {q['currency']}",
@@ -435,10 +505,10 @@ def render_comparison(result):
     lines = [
         _heading("package comparison", result),
         f"{result['days']} days, {basis}"
-        + (f", at least {memory} GiB per GPU" if memory is not None else "")
+        + (f", at least {memory} GiB per GPU for PyTorch" if memory is not None else "")
         + ", cheapest total first",
     ]
-    table = [["model", "GiB/GPU", "lots", "GPUs", "total USD", "per GPU-day"]]
+    table = [["model", "nominal GiB", "for PyTorch", "lots", "GPUs", "total USD", "per GPU-day"]]
     if result["accepted_results"] is not None:
         table[0].append("per accepted result")
     notes = []
@@ -446,6 +516,7 @@ def render_comparison(result):
         cells = [
             q["gpu"],
             str(q["memory_gib_per_gpu"]),
+            gib_floor_text(q["usable_memory_bytes"]),
             str(q["lots"]),
             str(q["gpus"]),
             dollars(q["total_cents"]),
@@ -457,7 +528,10 @@ def render_comparison(result):
         if q["gpus_per_lot"] > 1:
             notes.append(f"{q['gpu']}: {_lots_text(q)}")
     if len(table) == 1:
-        lines.append(f"No model in {result['tariffs_file']} has at least {memory} GiB per GPU.")
+        lines.append(
+            f"No model in {result['tariffs_file']} has {memory} GiB per GPU for PyTorch "
+            "(vendor figures, cautious reading: see below)."
+        )
     else:
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         for row in table:

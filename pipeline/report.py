@@ -1,204 +1,505 @@
-"""Pictures of measured memory, predicted beside measured, and what a result would cost.
+"""Pictures of runs, sweeps and what a result would cost, in a new folder of their own.
 
-    python3 pipeline/report.py runs/<run-id>/ [runs/<id>-sweep/ ...] [--days 7 \
-        --accepted-results 40]
+    python3 pipeline/report.py runs/<run-id>/ [runs/<id>-sweep/ ...] \
+        [--days 7 --accepted-results 40] [--output NEW_DIR]
 
-For a run folder: `memory.png`, bars of baseline / end / peak allocated and reserved per
-phase, the predicted allocated values marked. For a sweep folder (sweep.json): `peaks.png`,
-peak allocated and reserved against the varied dimension, the GPU's total memory as a line.
-With --days and --accepted-results: `cost-<days>d-<results>.png` in the last folder given,
-the cost per accepted result of one lot of every catalogue model whose memory per GPU holds
-the largest measured peak reserved. Pictures are new files: an existing one is never
-replaced (exit 2 before anything is drawn). Exit 0 done, 2 bad input.
+A run folder gives memory-<run>.png, a sweep folder peaks-<sweep>.png, and --days with
+--accepted-results cost-<days>d-<N>.png: the cost per accepted result of every catalogue model
+whose one GPU holds the largest completed peak, by fit.py's rule. They go into one new folder
+(by default runs/<id>-report/, under $ITERAGPU_RUNS_DIR when it is set), never into a run
+folder, with report.json naming each source file and its SHA-256. Every picture is drawn
+before anything is written, and a failure while writing removes what this call wrote.
+Exit 0 done, 2 bad input.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import datetime
+import hashlib
 import io
 import json
-import sys
+import os
+import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import calcul_forfaits
-import matplotlib
+import cli
+import fit
+import run_folders
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-GIB = 2**30
-MEASURED = (
-    "baseline_allocated_bytes",
-    "allocated_bytes",
-    "peak_allocated_bytes",
-    "baseline_reserved_bytes",
-    "reserved_bytes",
-    "peak_reserved_bytes",
-)
-
-
-class ReportError(Exception):
-    """Bad input: one line, exit 2, no picture written."""
+GIB, MIB = 2**30, 2**20
+COUNTERS = {  # key: what a reader calls it
+    "baseline_allocated_bytes": "allocated at the phase's start",
+    "allocated_bytes": "allocated at its end",
+    "peak_allocated_bytes": "peak allocated",
+    "baseline_reserved_bytes": "reserved at the phase's start",
+    "reserved_bytes": "reserved at its end",
+    "peak_reserved_bytes": "peak reserved",
+}
+COLOURS = ["#9ecae1", "#4292c6", "#08519c", "#fdae6b", "#f16913", "#a63603"]
 
 
-def label(row: dict) -> str:
-    return row["phase"] + (f" {row['repetition']}" if "repetition" in row else "")
+@dataclass
+class Source:
+    """One folder given on the command line, read once, with the bytes' SHA-256."""
+
+    folder: Path
+    file: str
+    document: dict
+    sha256: str
+    need: fit.Need | None = None  # what it asks of a GPU, when it completed
+    gpu_name: str | None = None
+    total_memory_bytes: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+
+@dataclass
+class Plan:
+    """What this call will write: every picture rendered before the first byte is written."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    made_from: dict[str, list[str]] = field(default_factory=dict)
+    memory: list[dict] = field(default_factory=list)
+    cost: dict | None = None
+
+
+def pyplot():
+    """matplotlib on first use only, so that --help and bad input need none of it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise cli.UsageError(
+            "matplotlib is not installed for this Python: python3 -m pip install "
+            "matplotlib==3.11.2, or run nox -s report"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def read_source(folder: Path) -> Source:
+    if (folder / "sweep.json").is_file():
+        document, data = fit.read_json_bytes(folder / "sweep.json")
+        source = Source(folder, "sweep.json", document, hashlib.sha256(data).hexdigest())
+        try:
+            if document["largest_fitted"] is not None:
+                source.need = fit.sweep_need(folder)
+            source.gpu_name = source.need.gpu_name if source.need else None
+            totals = [p["total_memory_bytes"] for p in document["points"]]
+            source.total_memory_bytes = next((t for t in totals if t), None)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise cli.UsageError(f"{folder}/sweep.json: not a sweep summary ({exc!r})") from None
+        return source
+    if (folder / "measurement.json").is_file():
+        path = folder / "measurement.json"
+        document, data = fit.read_json_bytes(path)
+        source = Source(folder, "measurement.json", document, hashlib.sha256(data).hexdigest())
+        try:
+            gpu = document["environment"]["gpu"]
+            source.gpu_name = gpu.get("name")
+            source.total_memory_bytes = gpu.get("total_memory_bytes")
+            if document["status"] == "completed":
+                source.need = fit.measured_need(path, folder.name, document)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise cli.UsageError(f"{path}: not a measurement ({exc!r})") from None
+        return source
+    if not folder.exists():
+        raise cli.UsageError(f"{folder} does not exist")
+    raise cli.UsageError(f"{folder}: neither a run folder nor a sweep folder")
 
 
 def unit(largest: int) -> tuple[int, str]:
-    return (GIB, "GiB") if largest >= GIB else (2**20, "MiB")
+    return (GIB, "GiB (2^30 bytes)") if largest >= GIB else (MIB, "MiB (2^20 bytes)")
 
 
-def run_picture(document: dict, title: str):
+def phase_label(row: dict) -> str:
+    return row["phase"] + (f" {row['repetition']}" if "repetition" in row else "")
+
+
+def run_picture(source: Source):
+    """Six bars per phase, never summed: allocated is part of reserved, the peaks are maxima."""
+    plt = pyplot()
+    document = source.document
     phases = document["phases"]
-    scale, name = unit(max(row["peak_reserved_bytes"] for row in phases))
-    figure, axes = plt.subplots(figsize=(max(8, 1.3 * len(phases)), 4.8))
+    scale, unit_name = unit(max(row["peak_reserved_bytes"] for row in phases))
+    figure, axes = plt.subplots(figsize=(max(8, 1.25 * len(phases) + 2), 6), layout="constrained")
     width = 0.13
-    colours = ["#9ecae1", "#4292c6", "#08519c", "#fdae6b", "#f16913", "#a63603"]
-    for i, key in enumerate(MEASURED):
+    for i, (key, name) in enumerate(COUNTERS.items()):
         xs = [p + (i - 2.5) * width for p in range(len(phases))]
-        axes.bar(
-            xs,
-            [row[key] / scale for row in phases],
-            width,
-            label=key.replace("_bytes", ""),
-            color=colours[i],
-        )
-        if "allocated" in key and all("predicted" in row for row in phases):
+        axes.bar(xs, [row[key] / scale for row in phases], width, label=name, color=COLOURS[i])
+        if all("predicted" in row for row in phases):
             axes.scatter(
                 xs,
                 [row["predicted"][key] / scale for row in phases],
                 marker="_",
-                s=200,
+                s=160,
+                linewidths=2,
                 color="black",
                 zorder=3,
-                label="predicted" if key == "baseline_allocated_bytes" else None,
+                label="predicted by the allocator model" if i == 0 else None,
             )
-    axes.set_xticks(range(len(phases)), [label(row) for row in phases], rotation=20)
-    axes.set_ylabel(f"{name} (PyTorch allocator, this process, this GPU)")
-    axes.set_title(title, fontsize=9)
-    axes.legend(fontsize=7, ncol=2)
-    figure.tight_layout()
-    return figure
-
-
-def sweep_picture(sweep: dict):
-    vary = sweep["plan"]["vary"]
-    points = sweep["points"]
-    xs = [p["configuration"][vary] for p in points]
-    figure, axes = plt.subplots(figsize=(8, 4.8))
-    axes.plot(
-        xs,
-        [p["peak_allocated_bytes"] / GIB for p in points],
-        "o-",
-        label="peak allocated (measured)",
+    axes.set_xticks(range(len(phases)), [phase_label(row) for row in phases], rotation=20)
+    axes.set_ylabel(f"{unit_name}: PyTorch allocator, this process")
+    c = document["configuration"]
+    status = (
+        "" if document["status"] == "completed" else f" ({document['status'].replace('_', ' ')})"
     )
-    axes.plot(
-        xs, [p["peak_reserved_bytes"] / GIB for p in points], "s-", label="peak reserved (measured)"
-    )
-    axes.plot(
-        xs,
-        [p["predicted_peak_allocated_bytes"] / GIB for p in points],
-        "k+",
-        markersize=12,
-        label="peak allocated (predicted)",
-    )
-    total = next((p["total_memory_bytes"] for p in points if p.get("total_memory_bytes")), None)
-    if total:
-        axes.axhline(total / GIB, color="red", linestyle="--", label="GPU total memory")
-    for p, x in zip(points, xs, strict=True):
-        if p["status"] == "out_of_memory":
-            axes.annotate("out of memory", (x, p["peak_reserved_bytes"] / GIB), fontsize=8)
-    axes.set_xscale("log", base=2)
-    axes.set_yscale("log")
-    axes.set_xlabel(vary)
-    axes.set_ylabel("GiB")
-    base = {k: v for k, v in sweep["plan"]["base"].items() if k != vary}
-    axes.set_title(f"sweep of {vary}, {base}", fontsize=8)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    return figure
-
-
-def cost_picture(peak_reserved: int, days: int, accepted: int, tariffs: Path | None):
-    catalogue = calcul_forfaits.load_tariffs(tariffs or calcul_forfaits.default_tariffs())
-    need_gib = peak_reserved / GIB
-    result = calcul_forfaits.compare(catalogue, days, lots=1, accepted=accepted, min_memory=None)
-    fitting = [row for row in result["rows"] if float(row["memory_gib_per_gpu"]) >= need_gib]
-    if not fitting:
-        raise ReportError(f"no catalogue model has {need_gib:.2f} GiB per GPU")
-    fitting.sort(key=lambda row: int(row["total_cents"]))
-    figure, axes = plt.subplots(figsize=(8, 0.4 * len(fitting) + 1.6))
-    values = [float(row["unit_cost_cents"]) / 100 for row in fitting]
-    axes.barh([row["gpu"] for row in fitting], values, color="#31a354")
-    axes.invert_yaxis()
-    axes.set_xlabel(f"USD per accepted result ({accepted} results, one lot, {days} days)")
     axes.set_title(
-        f"models whose memory per GPU holds the measured peak reserved "
-        f"({need_gib:.2f} GiB); {result['price_status']} prices of "
-        f"{result['snapshot_date']}",
-        fontsize=8,
+        f"Memory per phase{status}: {source.gpu_name or 'GPU not recorded'}\n"
+        f"run {source.name}: batch {c['batch']}, context {c['context']}, width {c['width']}, "
+        f"{c['dtype']}",
+        fontsize=10,
     )
-    figure.tight_layout()
+    figure.legend(fontsize=8, ncol=4, loc="outside lower center")
+    return figure
+
+
+def usable_line(source: Source, records: list[fit.Record]) -> tuple[int, str] | None:
+    """The memory PyTorch can use on the sweep's GPU, and how the line's label says it."""
+    mine = [r for r in records if r[0] == source.gpu_name]
+    if mine:
+        memory = fit.measured_memory(source.gpu_name, mine)
+        how = "measured"
+    elif source.total_memory_bytes:
+        memory = fit.Memory(
+            source.total_memory_bytes, calcul_forfaits.CONTEXT_ROOM_BYTES, "measured", ""
+        )
+        how = "total measured, context room the H200's"
+    else:
+        return None
+    label = (
+        f"{source.gpu_name or 'this GPU'}: {fit.gib(memory.usable_bytes)} GiB usable by PyTorch "
+        f"= {fit.gib(memory.total_bytes)} GiB total - {fit.gib_up(memory.context_bytes)} GiB "
+        f"CUDA context ({how})"
+    )
+    return memory.usable_bytes, label
+
+
+def sweep_picture(source: Source, records: list[fit.Record]):
+    """Logarithmic axes where the data span more than 30 times; otherwise a linear axis from
+    zero scaled to the data, so that a sweep of a few MiB is no flat line under the GPU's."""
+    plt = pyplot()
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, ScalarFormatter
+
+    sweep = source.document
+    vary = sweep["plan"]["vary"]
+    done = [p for p in sweep["points"] if p["status"] == "completed"]
+    failed = [p for p in sweep["points"] if p["status"] != "completed"]
+    values = [
+        p[k] for p in sweep["points"] for k in ("peak_allocated_bytes", "peak_reserved_bytes")
+    ]
+    scale, unit_name = unit(max(values))
+    log_y = max(values) > 30 * max(1, min(values))
+    figure, axes = plt.subplots(figsize=(10, 6.4), layout="constrained")
+    x_done = [p["configuration"][vary] for p in done]
+    for key, style, name in (
+        ("peak_reserved_bytes", "s-", "peak reserved"),
+        ("peak_allocated_bytes", "o-", "peak allocated"),
+    ):
+        axes.plot(x_done, [p[key] / scale for p in done], style, label=f"{name} (measured)")
+    for key, marker in (
+        ("predicted_peak_reserved_bytes", "+"),
+        ("predicted_peak_allocated_bytes", "x"),
+    ):
+        axes.plot(
+            x_done,
+            [p[key] / scale for p in done],
+            marker,
+            color="black",
+            markersize=9,
+            linestyle="none",
+            label="predicted by the allocator model" if marker == "+" else None,
+        )
+    for n, p in enumerate(failed):  # apart from the curve: what was held when it stopped
+        x, y = p["configuration"][vary], p["peak_reserved_bytes"] / scale
+        what = p["status"].replace("_", " ")
+        axes.plot(
+            [x],
+            [y],
+            "X",
+            color="red",
+            markersize=11,
+            linestyle="none",
+            label=f"{what}: peak reserved when it stopped" if n == 0 else None,
+        )
+        axes.annotate(
+            f"{what}\nat {x:,}:\n{fit.gib(p['peak_reserved_bytes'])} GiB\nreserved",
+            (x, y),
+            xytext=(9, 0),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize=8,
+            color="red",
+        )
+    top = max(values) / scale
+    line = usable_line(source, records)
+    if line is not None:
+        usable, label = line
+        if usable / scale <= (10 if log_y else 1.6) * top:
+            axes.axhline(usable / scale, color="red", linestyle="--", label=label)
+            axes.annotate(
+                f"{fit.gib(usable)} GiB usable by PyTorch",
+                (0.99, usable / scale),
+                xycoords=("axes fraction", "data"),
+                xytext=(0, -4),
+                textcoords="offset points",
+                ha="right",
+                va="top",
+                fontsize=8,
+                color="red",
+            )
+        else:  # a line at 140 GiB would flatten peaks of a few MiB: name it instead
+            share = 100 * max(values) / usable
+            axes.text(
+                0.01,
+                0.98,
+                f"far above this scale: {label};\nthe largest peak here is {share:.2f}% of it",
+                transform=axes.transAxes,
+                va="top",
+                fontsize=8,
+                color="red",
+            )
+    xs = [p["configuration"][vary] for p in sweep["points"]]
+    if max(xs) >= 8 * min(xs):
+        axes.set_xscale("log", base=2)
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{round(value):,}"))
+        if len(xs) <= 12:
+            axes.xaxis.set_major_locator(FixedLocator(xs))
+        if max(xs) >= 10**6:  # long tick labels would touch
+            axes.tick_params(axis="x", labelrotation=25)
+        axes.xaxis.set_minor_locator(NullLocator())
+    if failed:  # room on the right for the labels of points that stopped
+        low, high = axes.get_xlim()
+        log_x = axes.get_xscale() == "log"
+        axes.set_xlim(low, high * 6 if log_x else high + 0.35 * (high - low))
+    if log_y:
+        axes.set_yscale("log")
+        axes.yaxis.set_major_formatter(ScalarFormatter())
+    else:
+        axes.set_ylim(0, top * 1.25)
+    axes.set_xlabel(vary)
+    axes.set_ylabel(f"{unit_name}: PyTorch allocator, this process")
+    base = sweep["plan"]["base"]
+    fixed = ", ".join(
+        f"{k} {v}"
+        for k, v in base.items()
+        if k in ("batch", "context", "width", "dtype") and k != vary
+    )
+    subtitle = f"sweep {source.name}: {fixed}; stopped because {sweep['stopped_because']}"
+    axes.set_title(
+        f"Peak memory against {vary}: {source.gpu_name or 'GPU not recorded'}\n"
+        + "\n".join(textwrap.wrap(subtitle, 100)),
+        fontsize=10,
+    )
+    figure.legend(fontsize=8, loc="outside lower center", ncol=2)
+    return figure
+
+
+def cost_picture(result: dict, need: fit.Need):
+    """What one accepted result costs on each model that holds the peak, exact to 0.01 cent."""
+    plt = pyplot()
+    rows = [row for row in result["rows"] if row["fits"]]
+    figure, axes = plt.subplots(figsize=(10, 0.45 * len(rows) + 3.2), layout="constrained")
+    labels = [
+        row["name"]
+        + (f" ×{row['gpus_per_lot']} lot" if row["gpus_per_lot"] > 1 else "")
+        + (" (memory measured)" if row["memory_basis"] == "measured" else " (memory: vendor)")
+        for row in rows
+    ]
+    values = [int(row["unit_cost_cents"].replace(".", "")) / 10_000 for row in rows]
+    bars = axes.barh(labels, values, color="#31a354")
+    axes.bar_label(
+        bars, [calcul_forfaits._dollars_fine(row["unit_cost_cents"]) for row in rows], padding=3
+    )
+    axes.invert_yaxis()
+    axes.set_xlim(0, max(values) * 1.2)
+    axes.set_xlabel(
+        f"USD per accepted result: one {result['days']}-day lot / "
+        f"{result['accepted_results']} accepted results"
+    )
+    illustrative = result["price_status"] == "illustrative"
+    figure.suptitle(
+        "ILLUSTRATIVE PRICES, not IteraGPU's catalogue: do not budget with them"
+        if illustrative
+        else f"IteraGPU catalogue prices of {result['snapshot_date']}",
+        color="#b30000" if illustrative else "black",
+        fontsize=12,
+        fontweight="bold",
+    )
+    where = f", measured on {need.gpu_name}" if need.gpu_name else ""
+    source = f"from {need.source}: {need.what}{where}"
+    axes.set_title(
+        f"Models whose one GPU holds the peak reserved {fit.gib_up(need.peak_reserved_bytes)} GiB "
+        "+ CUDA context\n" + "\n".join(textwrap.wrap(source, 100)),
+        fontsize=9,
+    )
+    figure.supxlabel(
+        "memory: measured where runs on that model exist, else the vendor figure read "
+        f"cautiously; tariffs {result['tariffs_file']}, sha256 {result['tariffs_sha256'][:16]}...",
+        fontsize=7,
+    )
     return figure
 
 
 def png(figure) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
-    plt.close(figure)
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    figure.clf()
+    pyplot().close(figure)
     return buffer.getvalue()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="report.py", description=__doc__.splitlines()[0])
-    parser.add_argument("folders", nargs="+", metavar="RUN_DIR")
-    parser.add_argument("--days", type=int, choices=calcul_forfaits.DURATIONS)
-    parser.add_argument("--accepted-results", type=calcul_forfaits._count)
-    parser.add_argument("--tariffs", type=Path)
-    args = parser.parse_args(argv)
-    try:
-        return draw(args)
-    except ReportError as exc:
-        print(f"report.py: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def draw(args: argparse.Namespace) -> int:
-    if (args.days is None) != (args.accepted_results is None):
-        raise ReportError("--days and --accepted-results go together")
-    plans, peak = [], 0
-    for text in args.folders:
-        folder = Path(text)
-        if (folder / "sweep.json").is_file():
-            sweep = json.loads((folder / "sweep.json").read_text())
-            peak = max([peak] + [p["peak_reserved_bytes"] for p in sweep["points"]])
-            plans.append((folder / "peaks.png", lambda s=sweep: sweep_picture(s)))
-        elif (folder / "measurement.json").is_file():
-            document = json.loads((folder / "measurement.json").read_text())
-            peak = max(peak, document["summary"]["largest_peak_reserved_bytes"])
-            c = document["configuration"]
-            title = (
-                f"{folder.name}: batch {c['batch']}, context {c['context']}, width "
-                f"{c['width']}, {c['dtype']}, {document['environment']['gpu'].get('name')}"
+def plan(sources: list[Source], args, runs_dir: Path) -> Plan:
+    """Every picture, rendered; report.json is written from what this returns."""
+    result = Plan()
+    needs = [s.need for s in sources if s.need is not None]
+    records = fit.evidence(runs_dir, needs)
+    for source in sources:
+        try:
+            if source.file == "sweep.json":
+                name = f"peaks-{source.name}.png"
+                result.files[name] = png(sweep_picture(source, records))
+                line = usable_line(source, records)
+                if line is not None:
+                    result.memory.append(
+                        {"gpu": source.gpu_name, "usable_bytes": line[0], "label": line[1]}
+                    )
+            else:
+                name = f"memory-{source.name}.png"
+                result.files[name] = png(run_picture(source))
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise cli.UsageError(
+                f"{source.folder / source.file}: cannot be drawn ({type(exc).__name__}: {exc})"
+            ) from None
+        result.made_from[name] = [source.name]
+    if args.days is not None:
+        if not needs:
+            raise cli.UsageError("no completed run or sweep point to price: no cost picture")
+        need = max(needs, key=lambda n: n.peak_reserved_bytes)
+        catalogue = fit.load_catalogue(args.tariffs)
+        memory = fit.catalogue_memory(catalogue, records)
+        priced = fit.fit(need, catalogue, memory, args.days, args.accepted_results)
+        if not any(row["fits"] for row in priced["rows"]):
+            raise cli.UsageError(
+                f"no catalogue model holds {fit.gib_up(need.peak_reserved_bytes)} GiB on one GPU: "
+                "no cost picture (fit.py shows the table)"
             )
-            plans.append((folder / "memory.png", lambda d=document, t=title: run_picture(d, t)))
-        else:
-            raise ReportError(f"{folder}: neither a run folder nor a sweep folder")
-    if args.days:
-        target = Path(args.folders[-1]) / f"cost-{args.days}d-{args.accepted_results}.png"
-        plans.append(
-            (target, lambda: cost_picture(peak, args.days, args.accepted_results, args.tariffs))
-        )
-    existing = [str(path) for path, _ in plans if path.exists()]
-    if existing:
-        raise ReportError(f"{existing[0]} already exists: pictures are never replaced")
-    for path, make in plans:
-        data = png(make())
-        with open(path, "xb") as handle:
-            handle.write(data)
-        print(f"{path}: written")
-    return 0
+        name = f"cost-{args.days}d-{args.accepted_results}.png"
+        result.files[name] = png(cost_picture(priced, need))
+        result.made_from[name] = [need.source]
+        result.cost = {
+            key: priced[key]
+            for key in (
+                "peak_reserved_bytes",
+                "source",
+                "days",
+                "accepted_results",
+                "price_status",
+                "snapshot_date",
+                "tariffs_file",
+                "tariffs_sha256",
+                "memory_bases",
+            )
+        }
+    return result
+
+
+def summary(sources: list[Source], drawn: Plan) -> bytes:
+    document = {
+        "tool": "report.py",
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "sources": [{"folder": s.name, "file": s.file, "sha256": s.sha256} for s in sources],
+        "pictures": [
+            {
+                "file": name,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "from": drawn.made_from[name],
+            }
+            for name, data in drawn.files.items()
+        ],
+        "usable_memory_lines": drawn.memory,
+        "cost": drawn.cost,
+    }
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def new_output(args, runs_dir: Path) -> Path:
+    """A folder that did not exist: --output, or a new <id>-report beside the runs."""
+    if args.output is not None:
+        if os.path.lexists(args.output):
+            raise cli.UsageError(f"{args.output} already exists: a report goes into a new folder")
+        cli.existing_folder(args.output.parent)
+        args.output.mkdir()
+        return args.output
+    for _ in range(10):
+        folder = runs_dir / f"{run_folders.new_run_id()}-report"
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise cli.UsageError(f"{runs_dir}: ten new report ids in a row were taken")
+
+
+def write_all(folder: Path, files: dict[str, bytes]) -> None:
+    """Each file whole under its name, or none of this call's files and no folder at all."""
+    written = []
+    try:
+        for name, data in files.items():
+            cli.write_new(folder / name, data)
+            written.append(folder / name)
+    except OSError as exc:
+        for path in written:
+            path.unlink()
+        with contextlib.suppress(OSError):  # not empty: someone else put a file there
+            folder.rmdir()
+        raise cli.UsageError(
+            f"{folder / name}: {exc.strerror or exc}: nothing was written"
+        ) from None
+
+
+def parser() -> cli.Parser:
+    parser = cli.Parser(prog="report.py", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("folders", nargs="+", type=Path, metavar="RUN_OR_SWEEP_DIR")
+    parser.add_argument("--days", type=calcul_forfaits._days, metavar="{3,7,30}")
+    parser.add_argument("--accepted-results", type=calcul_forfaits._count, metavar="N")
+    parser.add_argument("--tariffs", metavar="PATH", help="default: data/tarifs-forfaits.csv")
+    parser.add_argument("--output", type=Path, metavar="NEW_DIR", help="a folder to create")
+    parser.add_argument(
+        "--runs-dir",
+        metavar="DIR",
+        help="where the default output goes and measured memory is looked for "
+        "(default: $ITERAGPU_RUNS_DIR, else runs/)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        args = parser().parse_args(argv)
+        if (args.days is None) != (args.accepted_results is None):
+            raise cli.UsageError("--days and --accepted-results go together")
+        runs_dir = run_folders.runs_directory(args.runs_dir)
+        sources = [read_source(folder) for folder in args.folders]
+        names = [s.name for s in sources]
+        if len(set(names)) < len(names):
+            raise cli.UsageError("two sources share a folder name: their pictures would too")
+        drawn = plan(sources, args, runs_dir)
+        files = {**drawn.files, "report.json": summary(sources, drawn)}
+        folder = new_output(args, runs_dir)
+        write_all(folder, files)
+        for name in files:
+            print(f"{folder / name}: written")
+        return cli.OK
+
+    return cli.run("report.py", body)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,25 @@ resultats-bruts.csv, sits beside the run folders it records.
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import secrets
 from pathlib import Path
 
+import cli
+
 RUNS = Path(__file__).resolve().parent.parent / "runs"
 LOG_NAME = "resultats-bruts.csv"
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}")
+
+
+def runs_directory(text: str | None) -> Path:
+    """--runs-dir, else $ITERAGPU_RUNS_DIR, else runs/: one rule for every stage. A folder
+    named must exist already: a mistyped name never creates a new evidence folder."""
+    chosen = text or os.environ.get("ITERAGPU_RUNS_DIR")
+    if chosen is None:
+        return RUNS
+    return cli.existing_folder(Path(chosen))
 
 
 def new_run_id() -> str:

@@ -49,3 +49,14 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="no CUDA GPU visible to PyTorch (GPU tests run on a GPU host)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def outside_python(folder: Path) -> Path:
+    """This interpreter under a name outside .nox/: the noxfile refuses interpreters nox
+    built for GPU stages, and the tests themselves run in one."""
+    import shlex
+
+    python = Path(folder) / "python3"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    return python

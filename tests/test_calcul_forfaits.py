@@ -52,7 +52,7 @@ with TARIFFS.open(newline="", encoding="utf-8") as _file:
 SHA256 = hashlib.sha256(TARIFFS.read_bytes()).hexdigest()
 CATALOGUE = cf.load_tariffs(str(TARIFFS))
 
-# The vendors' datasheet memory per GPU ("GB" in the JEDEC sense, copied as GiB).
+# The vendors' datasheet memory per GPU ("GB" in the JEDEC sense, copied as GiB): nominal.
 DATASHEET_MEMORY = {
     "b200": 180,  # DGX B200: 1,440 GB for 8 GPUs
     "h200": 141,
@@ -70,6 +70,14 @@ DATASHEET_MEMORY = {
     "rtx4090": 24,
     "l4": 24,
 }
+# What the allocator may hold per GPU without a measurement: each nominal GiB taken as 10^9
+# bytes, less the CUDA context measured on the H200 (552,402,944 bytes at the process start,
+# 165,675,008 more once the first forward passes have loaded their kernels).
+CONTEXT_ROOM = 552_402_944 + 165_675_008
+
+
+def usable_gib(gpu):
+    return Fraction(DATASHEET_MEMORY[gpu] * 10**9 - CONTEXT_ROOM, 2**30)
 
 
 def call(*argv):
@@ -194,6 +202,16 @@ def test_spec_example_two_b200_lots_are_four_gpus_at_twice_the_lot_price(tmp_pat
 
 def test_text_quote_names_its_catalogue_and_what_the_price_does_not_prove(tmp_path):
     text = run("--gpu", "h100", "--days", "30", cwd=tmp_path).stdout
+    assert (
+        "  model            NVIDIA H100 SXM (h100), 80 GiB per GPU (vendor's nominal figure)\n"
+        "  for PyTorch      73.83 GiB per GPU (cautious reading: see below)\n"
+    ) in text
+    assert (
+        "Memory for PyTorch is the vendor figure, not measured: nominal GiB per GPU taken as "
+        "10^9 bytes each (6.9% off: PyTorch saw 139.80 GiB of the H200's nominal 141, and ECC "
+        "takes about 1/16 of GDDR memory), less 0.67 GiB for the CUDA context (measured on an "
+        "NVIDIA H200)."
+    ) in text
     assert text.startswith(
         "IteraGPU package quote: ILLUSTRATIVE PRICES, not IteraGPU's catalogue\n"
     )
@@ -224,9 +242,14 @@ def test_json_quote_has_every_documented_key():
         "tariffs_sha256",
         "price_status",
         "notice",
+        "memory_gib_per_gpu",
+        "usable_memory_bytes",
+        "memory_source",
     }
     assert quote["lots"] == 1  # the default
     assert quote["notice"][0].startswith("Illustrative prices")
+    assert (quote["memory_gib_per_gpu"], quote["usable_memory_bytes"]) == (24, 23_281_922_048)
+    assert quote["memory_source"] == "vendor figure"
 
 
 @pytest.mark.parametrize(
@@ -329,7 +352,23 @@ def test_memory_filter_keeps_exactly_the_models_with_enough_memory(value):
         assert err.startswith(f"{PREFIX}argument --min-memory-gib: must be a number of GiB")
         return
     kept = {quote["gpu"] for quote in json.loads(out)["rows"]}
-    assert kept == {gpu for gpu, gib in DATASHEET_MEMORY.items() if gib >= Decimal(value)}
+    assert kept == {gpu for gpu in DATASHEET_MEMORY if usable_gib(gpu) >= Fraction(value)}
+
+
+@pytest.mark.parametrize(
+    ("need", "kept"),
+    [
+        ("140", {"mi300x", "mi325x", "b200"}),  # the H200's nominal 141 is not 140 for PyTorch
+        ("130.64", {"mi300x", "mi325x", "b200", "h200"}),  # 140,281,922,048 bytes: 130.647 GiB
+        ("130.65", {"mi300x", "mi325x", "b200"}),
+    ],
+)
+def test_memory_filter_judges_what_pytorch_can_hold_not_the_nominal_figure(need, kept):
+    rows = quote_json("--compare", "--days", "7", "--min-memory-gib", need)["rows"]
+    assert {quote["gpu"] for quote in rows} == kept
+    code, text, _ = call("--compare", "--days", "7", "--min-memory-gib", need)
+    assert code == 0
+    assert ("  h200            141       130.64" in text) == ("h200" in kept)
 
 
 # ---------------------------------------------------------------- comparison
@@ -380,15 +419,23 @@ def test_compare_answers_which_package_fits_my_memory_and_its_unit_cost():
     ]
     result = quote_json(*argv)
     order = [quote["gpu"] for quote in result["rows"]]
-    assert order == ["a100-80", "mi300x", "gh200", "h100", "mi325x", "h200", "b200"]
-    assert result["rows"][0]["total_cents"] == 92064
-    assert result["rows"][0]["unit_cost_cents"] == "18.41"
+    # 80 GiB for PyTorch: not on an 80 GiB card (a100-80, h100 give 73.83 GiB by the rule)
+    assert order == ["mi300x", "gh200", "mi325x", "h200", "b200"]
+    assert result["rows"][0]["total_cents"] == 135072
+    assert result["rows"][0]["unit_cost_cents"] == "27.01"
     assert result["min_memory_gib"] == "80"
+    assert result["memory_rule"] == cf.MEMORY_RULE
     code, text, _ = call(*argv)
     assert code == 0
-    assert "7 days, 4 GPUs, at least 80 GiB per GPU, cheapest total first\n" in text
-    assert "  model    GiB/GPU  lots  GPUs  total USD  per GPU-day  per accepted result\n" in text
-    assert "  a100-80       80     4     4    $920.64     $32.8800              $0.1841\n" in text
+    assert "7 days, 4 GPUs, at least 80 GiB per GPU for PyTorch, cheapest total first\n" in text
+    assert (
+        "  model   nominal GiB  for PyTorch  lots  GPUs  total USD  per GPU-day"
+        "  per accepted result\n"
+    ) in text
+    assert (
+        "  mi300x          192       178.14     4     4  $1,350.72     $48.2400"
+        "              $0.2701\n"
+    ) in text
     assert "the same count is assumed on every model" in text
     assert f"sha256 {SHA256}" in text
 
@@ -400,7 +447,10 @@ def test_compare_by_lots_and_an_empty_filter():
     assert empty["rows"] == []
     code, text, _ = call("--compare", "--days", "30", "--min-memory-gib", "256.5")
     assert code == 0
-    assert "No model in tarifs-forfaits.csv has at least 256.5 GiB per GPU.\n" in text
+    assert (
+        "No model in tarifs-forfaits.csv has 256.5 GiB per GPU for PyTorch (vendor figures, "
+        "cautious reading: see below).\n"
+    ) in text
 
 
 # ---------------------------------------------------------------- bad command lines

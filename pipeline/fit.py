@@ -1,0 +1,446 @@
+"""Which catalogue GPU holds a measured or predicted peak on one GPU, and what it costs.
+
+    python3 pipeline/fit.py runs/<run-id>/ --days 7 [--accepted-results 40] [--json]
+    python3 pipeline/fit.py runs/<id>-sweep/ --days 30      # its largest completed point
+    python3 pipeline/fit.py prediction.json --days 3        # from estimate --phases --json
+
+One GPU holds a peak when the peak reserved by PyTorch's allocator plus the CUDA context fits
+in the total memory PyTorch reports for that GPU. Where runs in the runs directory (or the
+source itself) were measured on a model, its figures are measured; for any other model they
+are calcul_forfaits' cautious reading of the vendor figure, and the output says which. Several
+GPUs sharing one peak is not modelled. Prices are calcul_forfaits' (whole lots, integer
+cents). Writes nothing. Exit 0 answered (also when nothing fits), 2 bad input, 1 the reader
+closed the pipe early.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import calcul_forfaits
+import cli
+import run_folders
+
+GIB = 2**30
+# The names PyTorch gives catalogue models where they differ from the catalogue's own name,
+# as seen in the runs committed here: add a model's name when it is first measured.
+DEVICE_NAMES = {"NVIDIA H200": "h200"}
+RUN_FILES = ("environment.json", "measurement.json")
+
+
+Record = tuple[str, int, int]  # GPU name, total and free memory at start, as PyTorch says
+
+
+@dataclass(frozen=True)
+class Need:
+    """The peak reserved a configuration needs, and where that figure comes from."""
+
+    peak_reserved_bytes: int
+    basis: str  # "measured" or "prediction"
+    source: str  # the folder or file name, never a full path
+    what: str  # the configuration, in words
+    gpu_name: str | None  # the GPU it was measured on
+    notes: tuple[str, ...] = ()
+    record: tuple[Path, Record] | None = None  # the memory PyTorch reported there
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What PyTorch sees on one GPU of a model, and what the CUDA context keeps of it."""
+
+    total_bytes: int
+    context_bytes: int
+    basis: str  # "measured" or "vendor figure"
+    detail: str
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.total_bytes - self.context_bytes
+
+
+def read_json(path: Path) -> dict:
+    return read_json_bytes(path)[0]
+
+
+def read_json_bytes(path: Path) -> tuple[dict, bytes]:
+    """A JSON object and the bytes it was read from, or one line saying why it is not one:
+    truncated, NaN or Infinity (not JSON, though Python's parser takes them), nested too deep."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    data = path.read_bytes()
+    try:
+        document = json.loads(data, parse_constant=refuse)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeError included
+        reason = "nested too deep" if isinstance(exc, RecursionError) else exc
+        raise cli.UsageError(f"{path}: not valid JSON ({reason})") from None
+    if not isinstance(document, dict):
+        raise cli.UsageError(f"{path}: not a JSON object")
+    return document, data
+
+
+def configuration_text(configuration: dict) -> str:
+    keys = ("batch", "context", "width", "dtype")
+    return ", ".join(f"{k} {configuration[k]}" for k in keys if k in configuration)
+
+
+def need_of(source: Path) -> Need:
+    """The peak a run folder, a sweep folder or a prediction file stands for."""
+    if not source.exists():
+        raise cli.UsageError(f"{source} does not exist")
+    try:
+        if (source / "sweep.json").is_file():
+            return sweep_need(source)
+        if (source / "measurement.json").is_file():
+            return measured_need(source / "measurement.json", source.name)
+        if source.is_file():
+            document = read_json(source)
+            if "schema" in document:
+                return measured_need(source, source.name, document)
+            return predicted_need(document, source.name)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise cli.UsageError(
+            f"{source}: not a measurement, sweep or prediction ({exc!r})"
+        ) from None
+    raise cli.UsageError(f"{source}: neither a run folder, a sweep folder nor a prediction file")
+
+
+def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
+    document = read_json(path) if document is None else document
+    if not str(document.get("schema", "")).startswith("urn:iteragpu-lab:schema:measurement:"):
+        raise cli.UsageError(f"{path}: not a measurement (schema {document.get('schema')!r})")
+    if document["status"] != "completed":
+        raise cli.UsageError(
+            f"{path}: the run ended {document['status']}: its peak is what the GPU held when it "
+            "stopped, not what the configuration needs; fit a prediction instead "
+            "(mesure_memoire.py estimate --phases --json)"
+        )
+    return Need(
+        peak_reserved_bytes=document["summary"]["largest_peak_reserved_bytes"],
+        basis="measured",
+        source=name,
+        what=configuration_text(document["configuration"]),
+        gpu_name=document["environment"]["gpu"].get("name"),
+        record=(evidence_key(path), gpu_record(document)),
+    )
+
+
+def sweep_need(folder: Path) -> Need:
+    """The sweep's largest completed point: the largest configuration known to fit."""
+    sweep = read_json(folder / "sweep.json")
+    point = sweep["largest_fitted"]
+    if point is None:
+        raise cli.UsageError(f"{folder}: no point of this sweep completed")
+    vary = sweep["plan"]["vary"]
+    point_file = folder.parent / point["run"] / "measurement.json"
+    gpu_name = record = None
+    if point_file.is_file():  # the point's run folder, beside the sweep's
+        document = read_json(point_file)
+        gpu_name = document["environment"]["gpu"].get("name")
+        record = (evidence_key(point_file), gpu_record(document))
+    notes = [f"the sweep stopped because {sweep['stopped_because']}"]
+    return Need(
+        peak_reserved_bytes=point["peak_reserved_bytes"],
+        basis="measured",
+        source=folder.name,
+        what=f"its largest completed point, {vary} {point['configuration'][vary]} ("
+        + configuration_text({k: v for k, v in point["configuration"].items() if k != vary})
+        + ")",
+        gpu_name=gpu_name,
+        notes=tuple(notes),
+        record=record,
+    )
+
+
+def predicted_need(document: dict, name: str) -> Need:
+    """`mesure_memoire.py estimate --phases --json`: the allocator model's counters."""
+    peak = max(row["peak_reserved_bytes"] for row in document["phases"])
+    notes = []
+    if not document["library_blocks"]:
+        notes.append(
+            "the prediction has no --library-block: the cuBLAS workspaces are left out "
+            "(33 MiB + 1 MiB on the H200)"
+        )
+    return Need(
+        peak_reserved_bytes=peak,
+        basis="prediction",
+        source=name,
+        what=configuration_text(document["configuration"]),
+        gpu_name=None,
+        notes=tuple(notes),
+    )
+
+
+def gpu_record(document: dict) -> Record:
+    gpu = document["environment"]["gpu"]
+    return (gpu["name"], gpu["total_memory_bytes"], gpu["free_memory_bytes_at_start"])
+
+
+def evidence_key(path: Path) -> Path:
+    """A run folder's environment.json and measurement.json are one record of its GPU."""
+    return path.resolve().parent if path.name in RUN_FILES else path.resolve()
+
+
+def gpu_records(runs_dir: Path) -> dict[Path, Record]:
+    """What PyTorch reported of its GPU in every run folder of the runs directory, by file.
+
+    A file that cannot be read is left out: validate.py is the stage that judges evidence.
+    """
+    records = {}
+    for folder in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else ():
+        if not run_folders.RUN_ID.fullmatch(folder.name):
+            continue
+        for name in RUN_FILES:
+            path = folder / name
+            if path.is_file():
+                with contextlib.suppress(cli.UsageError, KeyError, TypeError):
+                    records[evidence_key(path)] = gpu_record(read_json(path))
+                break
+    return records
+
+
+def measured_memory(name: str, records: list[Record]) -> Memory:
+    """The smallest total and the smallest context seen: other processes only add to it."""
+    total = min(t for _, t, _ in records)
+    at_start = min(t - free for _, t, free in records)
+    context = at_start + calcul_forfaits.KERNELS_LOADED_LATER_BYTES
+    return Memory(
+        total_bytes=total,
+        context_bytes=context,
+        basis="measured",
+        detail=f"{name}, {len(records)} run(s): total {total:,} bytes ({gib(total)} GiB) as "
+        f"PyTorch reports it, less the CUDA context: {at_start:,} bytes at the start (total "
+        f"minus free) + {calcul_forfaits.KERNELS_LOADED_LATER_BYTES:,} bytes of kernels loaded "
+        "later (measured on the H200)",
+    )
+
+
+def catalogue_memory(catalogue: dict, records: list[Record]) -> dict[str, Memory]:
+    """Memory per catalogue model: measured where runs name it, else the vendor figure."""
+    names = {catalogue["tariffs"][gpu, 3]["name"]: gpu for gpu in catalogue["models"]}
+    names.update(DEVICE_NAMES)
+    measured: dict[str, list[Record]] = {}
+    for record in records:
+        if names.get(record[0]) in catalogue["models"]:
+            measured.setdefault(names[record[0]], []).append(record)
+    memory = {}
+    for gpu in catalogue["models"]:
+        if gpu in measured:
+            memory[gpu] = measured_memory(measured[gpu][0][0], measured[gpu])
+        else:
+            row = catalogue["tariffs"][gpu, 3]
+            memory[gpu] = Memory(
+                total_bytes=int(row["memory_gib_per_gpu"]) * calcul_forfaits.VENDOR_BYTES_PER_GIB,
+                context_bytes=calcul_forfaits.CONTEXT_ROOM_BYTES,
+                basis="vendor figure",
+                detail=calcul_forfaits.MEMORY_RULE,
+            )
+    return memory
+
+
+def gib(nbytes: int) -> str:
+    """GiB to 0.01, rounded down."""
+    return calcul_forfaits.gib_floor_text(nbytes)
+
+
+def gib_up(nbytes: int) -> str:
+    """GiB to 0.01, rounded up: a need is never shown smaller than it is."""
+    hundredths = -(-nbytes * 100 // GIB)
+    return f"{hundredths // 100}.{hundredths % 100:02d}"
+
+
+def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | None) -> dict:
+    """Every catalogue model: does one GPU hold the need, and a one-lot package's price."""
+    rows = []
+    for gpu in catalogue["models"]:
+        held = memory[gpu]
+        quote = calcul_forfaits.quote(catalogue, gpu, days, lots=1, accepted=accepted)
+        rows.append(
+            {
+                "gpu": gpu,
+                "name": quote["name"],
+                "fits": need.peak_reserved_bytes <= held.usable_bytes,
+                "memory_basis": held.basis,
+                "total_memory_bytes": held.total_bytes,
+                "context_room_bytes": held.context_bytes,
+                "usable_memory_bytes": held.usable_bytes,
+                "headroom_bytes": held.usable_bytes - need.peak_reserved_bytes,
+                "gpus_per_lot": quote["gpus_per_lot"],
+                "total_cents": quote["total_cents"],
+                "unit_cost_cents": quote["unit_cost_cents"],
+            }
+        )
+    # what fits, cheapest first; then what does not, closest first
+    rows.sort(
+        key=lambda r: (
+            (0, r["total_cents"], r["gpu"]) if r["fits"] else (1, -r["headroom_bytes"], r["gpu"])
+        )
+    )
+    bases = {held.basis: held.detail for held in sorted(memory.values(), key=lambda m: m.basis)}
+    return {
+        "peak_reserved_bytes": need.peak_reserved_bytes,
+        "peak_basis": need.basis,
+        "source": need.source,
+        "configuration": need.what,
+        "measured_on": need.gpu_name,
+        "notes": list(need.notes)
+        + (
+            [f"on models other than the {need.gpu_name}, its libraries' workspaces may differ"]
+            if need.gpu_name
+            else []
+        ),
+        "rule": "one GPU holds the peak when peak reserved + CUDA context <= the total memory "
+        "PyTorch reports; several GPUs sharing one peak is not modelled",
+        "memory_bases": bases,
+        "days": days,
+        "accepted_results": accepted,
+        "price_status": catalogue["price_status"],
+        "snapshot_date": catalogue["snapshot_date"],
+        "tariffs_file": catalogue["file"],
+        "tariffs_sha256": catalogue["sha256"],
+        "rows": rows,
+    }
+
+
+def lot_text(row: dict) -> str:
+    return f"lot of {row['gpus_per_lot']} GPUs" if row["gpus_per_lot"] > 1 else "1 GPU"
+
+
+def render(result: dict) -> str:
+    where = f"measured on {result['measured_on']}" if result["measured_on"] else "GPU unknown"
+    basis = where if result["peak_basis"] == "measured" else result["peak_basis"]
+    lines = [
+        f"peak reserved {gib_up(result['peak_reserved_bytes'])} GiB "
+        f"({result['peak_reserved_bytes']:,} bytes, {basis}): "
+        f"{result['source']}, {result['configuration']}",
+        *(f"  note: {note}" for note in result["notes"]),
+        f"rule: {result['rule']}",
+        f"{result['days']}-day package, one lot per model, "
+        + (
+            "ILLUSTRATIVE PRICES, not IteraGPU's catalogue"
+            if result["price_status"] == "illustrative"
+            else f"catalogue prices of {result['snapshot_date']}"
+        ),
+    ]
+    per_result = result["accepted_results"] is not None
+    fitting = [r for r in result["rows"] if r["fits"]]
+    short = [r for r in result["rows"] if not r["fits"]]
+    table = [["model", "for PyTorch", "memory source", "headroom", "lot", "total USD"]]
+    if per_result:
+        table[0].append(f"per accepted result ({result['accepted_results']})")
+    for row in fitting:
+        cells = [
+            row["gpu"],
+            f"{gib(row['usable_memory_bytes'])} GiB",
+            row["memory_basis"],
+            f"{gib(row['headroom_bytes'])} GiB",
+            lot_text(row),
+            calcul_forfaits.dollars(row["total_cents"]),
+        ]
+        if per_result:
+            cells.append(calcul_forfaits._dollars_fine(row["unit_cost_cents"]))
+        table.append(cells)
+    for row in short:
+        table.append(
+            [
+                row["gpu"],
+                f"{gib(row['usable_memory_bytes'])} GiB",
+                row["memory_basis"],
+                f"short by {gib_up(-row['headroom_bytes'])} GiB",
+                lot_text(row),
+                "does not fit",
+            ]
+        )
+    widths = [max(len(r[i]) for r in table if i < len(r)) for i in range(len(table[0]))]
+    for number, row in enumerate(table):
+        if number == len(fitting) + 1 and short:
+            lines.append("  does not fit on one GPU:")
+        cells = [cell.ljust(width) for cell, width in zip(row, widths[: len(row)], strict=True)]
+        lines.append(("  " + "  ".join(cells)).rstrip())
+    if not fitting:
+        largest = short[0]
+        lines.append(
+            f"No catalogue model holds {gib_up(result['peak_reserved_bytes'])} GiB on one GPU "
+            f"(the most for PyTorch: {largest['gpu']}, {gib(largest['usable_memory_bytes'])} GiB, "
+            f"{largest['memory_basis']}); several GPUs sharing one peak is not modelled."
+        )
+    lines.append("memory sources:")
+    lines += [f"  {basis}: {detail}" for basis, detail in result["memory_bases"].items()]
+    lines.append(
+        f"tariffs: {result['tariffs_file']}, price_status {result['price_status']}, "
+        f"snapshot {result['snapshot_date']}, sha256 {result['tariffs_sha256']}"
+    )
+    return "\n".join(lines)
+
+
+def evidence(runs_dir: Path, needs: list[Need]) -> list[Record]:
+    """The runs directory's records and the sources' own, each file counted once."""
+    records = gpu_records(runs_dir)
+    records.update(need.record for need in needs if need.record is not None)
+    return list(records.values())
+
+
+def load_catalogue(tariffs: str | None) -> dict:
+    try:
+        if tariffs is None:
+            path = calcul_forfaits.default_tariffs()
+            return calcul_forfaits.load_tariffs(path, os.path.basename(path))
+        return calcul_forfaits.load_tariffs(tariffs)
+    except calcul_forfaits.InputError as exc:
+        raise cli.UsageError(str(exc)) from None
+
+
+def parser() -> cli.Parser:
+    parser = cli.Parser(prog="fit.py", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("source", type=Path, help="a run folder, a sweep folder or a prediction")
+    parser.add_argument(
+        "--days",
+        type=calcul_forfaits._days,
+        required=True,
+        metavar="{3,7,30}",
+        help="package length in days",
+    )
+    parser.add_argument(
+        "--accepted-results",
+        type=calcul_forfaits._count,
+        metavar="N",
+        help="distinct useful results accepted: gives the cost per accepted result",
+    )
+    parser.add_argument(
+        "--tariffs", metavar="PATH", help="tariff file (default: data/tarifs-forfaits.csv)"
+    )
+    parser.add_argument(
+        "--runs-dir",
+        metavar="DIR",
+        help="where measured memory is looked for (default: $ITERAGPU_RUNS_DIR, else runs/)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        args = parser().parse_args(argv)
+        need = need_of(args.source)
+        catalogue = load_catalogue(args.tariffs)
+        runs_dir = run_folders.runs_directory(args.runs_dir)
+        memory = catalogue_memory(catalogue, evidence(runs_dir, [need]))
+        result = fit(need, catalogue, memory, args.days, args.accepted_results)
+        try:
+            print(json.dumps(result, indent=2) if args.json else render(result), flush=True)
+        except BrokenPipeError:  # `| head` stopped reading: Python's documented way to stay quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return cli.INVALID
+        return cli.OK
+
+    return cli.run("fit.py", body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

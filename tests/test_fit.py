@@ -1,0 +1,326 @@
+"""fit.py: which catalogue GPU holds a peak on one GPU, judged on the memory PyTorch sees.
+
+Figures come from the committed H200 runs: the context sweep's largest completed point and
+the spec's larger configuration, measured and predicted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import fit
+import pytest
+from conftest import ROOT, RUNS, outside_python, run_script
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+CONTEXT_SWEEP = "20261202T113219Z-8f4a88-sweep"
+ITS_LARGEST_POINT = "20261202T113227Z-29fdbe"  # context 2097152, completed
+ITS_OOM_POINT = "20261202T113228Z-e07683"  # context 8388608, out of memory
+LARGE_RUN = "20261202T112323Z-50900d"  # batch 2, context 128, width 1024, float32
+H200_TOTAL = 150_109_880_320  # total_memory_bytes in every committed H200 run
+H200_AT_START = 150_109_880_320 - 149_557_477_376  # total minus free when the process starts
+KERNELS_LATER = 165_675_008  # measured on the H200 after the first forward passes
+H200_USABLE = H200_TOTAL - H200_AT_START - KERNELS_LATER  # 149,391,802,368
+SWEEP_PEAK = 77_366_034_432
+HOLD_72_GIB = ["a100-80", "mi300x", "gh200", "h100", "mi325x", "h200", "b200"]  # cheapest first
+PREDICT = [
+    "estimate",
+    "--phases",
+    "--batch",
+    "2",
+    "--context",
+    "128",
+    "--width",
+    "1024",
+    "--warmup",
+    "3",
+    "--repeats",
+    "5",
+    "--library-block",
+    "0:33554432",
+    "--library-block",
+    "0:1048576",
+    "--json",
+]
+
+
+def copy_run(runs: Path, run_id: str) -> Path:
+    runs.mkdir(exist_ok=True)
+    return Path(shutil.copytree(RUNS / run_id, runs / run_id))
+
+
+def context_sweep(runs: Path) -> Path:
+    """The committed context sweep with its largest completed point beside it."""
+    copy_run(runs, ITS_LARGEST_POINT)
+    return copy_run(runs, CONTEXT_SWEEP)
+
+
+def fit_json(*argv, env=None):
+    result = run_script("fit.py", *argv, "--json", env=env)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    return json.loads(result.stdout)
+
+
+def prediction(tmp_path, *argv) -> Path:
+    result = run_script("mesure_memoire.py", *argv)
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "prediction.json"
+    path.write_text(result.stdout)
+    return path
+
+
+def test_the_context_sweep_fits_where_its_peak_and_the_context_fit(tmp_path):
+    sweep = context_sweep(tmp_path / "runs")
+    result = fit_json(
+        str(sweep), "--days", "7", "--accepted-results", "40", "--runs-dir", str(tmp_path / "runs")
+    )
+    assert (result["peak_reserved_bytes"], result["peak_basis"]) == (SWEEP_PEAK, "measured")
+    assert result["measured_on"] == "NVIDIA H200"
+    assert [row["gpu"] for row in result["rows"] if row["fits"]] == HOLD_72_GIB
+    h200 = next(row for row in result["rows"] if row["gpu"] == "h200")
+    assert h200 == {
+        "gpu": "h200",
+        "name": "NVIDIA H200 SXM",
+        "fits": True,
+        "memory_basis": "measured",
+        "total_memory_bytes": H200_TOTAL,
+        "context_room_bytes": H200_AT_START + KERNELS_LATER,
+        "usable_memory_bytes": 149_391_802_368,
+        "headroom_bytes": 149_391_802_368 - SWEEP_PEAK,
+        "gpus_per_lot": 1,
+        "total_cents": 56952,
+        "unit_cost_cents": "1423.80",
+    }
+    b200 = next(row for row in result["rows"] if row["gpu"] == "b200")
+    assert (b200["memory_basis"], b200["gpus_per_lot"], b200["total_cents"]) == (
+        "vendor figure",
+        2,
+        169680,
+    )
+    assert result["memory_bases"]["measured"] == (
+        "NVIDIA H200, 1 run(s): total 150,109,880,320 bytes (139.80 GiB) as PyTorch reports it, "
+        "less the CUDA context: 552,402,944 bytes at the start (total minus free) + 165,675,008 "
+        "bytes of kernels loaded later (measured on the H200)"
+    )
+
+
+def test_the_text_names_the_peak_its_source_and_which_memory_was_used(tmp_path):
+    sweep = context_sweep(tmp_path / "runs")
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    argv = [str(sweep), "--days", "7", "--accepted-results", "40"]
+    result = run_script("fit.py", *argv, "--runs-dir", str(tmp_path / "runs"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == (
+        "peak reserved 72.06 GiB (77,366,034,432 bytes, measured on NVIDIA H200): "
+        f"{CONTEXT_SWEEP}, its largest completed point, context 2097152 "
+        "(batch 2, width 1024, dtype bfloat16)"
+    )
+    assert "  note: the sweep stopped because the GPU ran out of memory" in lines
+    assert (
+        "7-day package, one lot per model, ILLUSTRATIVE PRICES, not IteraGPU's catalogue" in lines
+    )
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith("  ")}
+    assert " ".join(rows["h200"]) == "h200 139.13 GiB measured 67.07 GiB 1 GPU $569.52 $14.2380"
+    assert " ".join(rows["b200"][-6:]) == "lot of 2 GPUs $1,696.80 $42.4200"
+    assert (
+        " ".join(rows["a100-80"])
+        == "a100-80 73.83 GiB vendor figure 1.78 GiB 1 GPU $230.16 $5.7540"
+    )
+    assert (
+        " ".join(rows["l4"]) == "l4 21.68 GiB vendor figure short by 50.37 GiB 1 GPU does not fit"
+    )
+    assert "  does not fit on one GPU:" in lines
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+
+def test_a_model_never_measured_here_is_judged_on_the_vendor_figure(tmp_path):
+    """A prediction of the spec's larger run, with no H200 run in the runs directory."""
+    path = prediction(tmp_path, *PREDICT)
+    (tmp_path / "runs").mkdir()
+    result = fit_json(str(path), "--days", "3", "--runs-dir", str(tmp_path / "runs"))
+    assert (result["peak_reserved_bytes"], result["peak_basis"]) == (92_274_688, "prediction")
+    assert result["measured_on"] is None
+    assert {row["memory_basis"] for row in result["rows"]} == {"vendor figure"}
+    h200 = next(row for row in result["rows"] if row["gpu"] == "h200")
+    assert (h200["total_memory_bytes"], h200["usable_memory_bytes"]) == (
+        141 * 10**9,
+        140_281_922_048,
+    )
+    assert list(result["memory_bases"]) == ["vendor figure"]
+    assert all(row["fits"] for row in result["rows"])
+    assert result["rows"][0]["gpu"] == "l4"  # the cheapest 3-day package: $32.40
+    assert result["rows"][0]["total_cents"] == 3240
+
+
+def test_the_measured_run_gives_its_own_gpu_and_the_same_peak_as_predicted(tmp_path):
+    folder = copy_run(tmp_path / "elsewhere", LARGE_RUN)
+    (tmp_path / "runs").mkdir()
+    result = fit_json(str(folder), "--days", "3", "--runs-dir", str(tmp_path / "runs"))
+    assert result["peak_reserved_bytes"] == 92_274_688  # what the prediction said
+    h200 = next(row for row in result["rows"] if row["gpu"] == "h200")
+    assert (h200["memory_basis"], h200["usable_memory_bytes"]) == ("measured", H200_USABLE)
+    assert result["memory_bases"]["measured"].startswith("NVIDIA H200, 1 run(s): ")
+    inside = copy_run(tmp_path / "runs", LARGE_RUN)  # its environment.json and measurement.json
+    result = fit_json(str(inside), "--days", "3", "--runs-dir", str(tmp_path / "runs"))
+    assert result["memory_bases"]["measured"].startswith("NVIDIA H200, 1 run(s): ")
+
+
+def test_several_runs_of_a_model_give_its_smallest_total_and_smallest_context():
+    """Other processes on the GPU only ever add to total minus free: the least is the context."""
+    memory = fit.measured_memory(
+        "NVIDIA H200",
+        [("NVIDIA H200", 100 * 2**30, 99 * 2**30), ("NVIDIA H200", 101 * 2**30, 90 * 2**30)],
+    )
+    assert (memory.total_bytes, memory.context_bytes) == (100 * 2**30, 2**30 + KERNELS_LATER)
+    assert memory.usable_bytes == 99 * 2**30 - KERNELS_LATER
+
+
+def test_the_runs_directory_comes_from_iteragpu_runs_dir_as_for_the_other_stages(tmp_path):
+    path = prediction(tmp_path, *PREDICT)
+    copy_run(tmp_path / "runs", LARGE_RUN)
+    env = {**os.environ, "ITERAGPU_RUNS_DIR": str(tmp_path / "runs")}
+    h200 = next(
+        row for row in fit_json(str(path), "--days", "3", env=env)["rows"] if row["gpu"] == "h200"
+    )
+    assert h200["memory_basis"] == "measured"
+    (tmp_path / "empty").mkdir()
+    env["ITERAGPU_RUNS_DIR"] = str(tmp_path / "empty")
+    h200 = next(
+        row for row in fit_json(str(path), "--days", "3", env=env)["rows"] if row["gpu"] == "h200"
+    )
+    assert h200["memory_basis"] == "vendor figure"
+
+
+def test_when_nothing_holds_the_peak_on_one_gpu_it_says_so(tmp_path):
+    path = prediction(
+        tmp_path,
+        "estimate",
+        "--phases",
+        "--batch",
+        "64",
+        "--context",
+        "1000000",
+        "--width",
+        "1024",
+        "--json",
+    )
+    (tmp_path / "runs").mkdir()
+    result = run_script("fit.py", str(path), "--days", "30", "--runs-dir", str(tmp_path / "runs"))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert (
+        "(the most for PyTorch: mi325x, 237.74 GiB, vendor figure); several GPUs sharing one "
+        "peak is not modelled.\n"
+    ) in result.stdout
+    assert "No catalogue model holds " in result.stdout
+    assert "  note: the prediction has no --library-block: the cuBLAS workspaces are left out" in (
+        result.stdout
+    )
+
+
+@given(peak=st.integers(0, 300 * 2**30))
+@example(peak=H200_USABLE)  # exactly the room there is: it fits
+@example(peak=H200_USABLE + 1)
+@example(peak=140_281_922_048 + 1)  # one byte over the vendor-figure H200
+def test_one_gpu_holds_a_peak_exactly_when_peak_plus_context_fit_in_its_total(peak):
+    catalogue = fit.load_catalogue(None)
+    records = [("NVIDIA H200", H200_TOTAL, H200_TOTAL - H200_AT_START)]
+    memory = fit.catalogue_memory(catalogue, records)
+    need = fit.Need(peak, "prediction", "p.json", "", None)
+    result = fit.fit(need, catalogue, memory, 7, 40)
+    rows = {row["gpu"]: row for row in result["rows"]}
+    assert rows["h200"]["fits"] == (peak + H200_AT_START + KERNELS_LATER <= H200_TOTAL)
+    for row in rows.values():
+        assert row["fits"] == (peak + row["context_room_bytes"] <= row["total_memory_bytes"])
+        assert row["headroom_bytes"] == row["total_memory_bytes"] - row["context_room_bytes"] - peak
+    fitting = [row for row in result["rows"] if row["fits"]]
+    assert result["rows"][: len(fitting)] == fitting
+    assert [row["total_cents"] for row in fitting] == sorted(row["total_cents"] for row in fitting)
+
+
+BAD = [
+    ("truncated", "not valid JSON (Expecting"),
+    ("nan", "not valid JSON (NaN is not JSON)"),
+    ("deep", "not valid JSON (nested too deep)"),
+    ("oom", "the run ended out_of_memory: its peak is what the GPU held when it stopped"),
+    ("missing", "does not exist"),
+    ("not-a-run", "neither a run folder, a sweep folder nor a prediction file"),
+]
+
+
+@pytest.mark.parametrize(("case", "message"), BAD, ids=[case for case, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, case, message):
+    runs = tmp_path / "runs"
+    source = copy_run(runs, ITS_OOM_POINT if case == "oom" else LARGE_RUN)
+    data = (source / "measurement.json").read_bytes()
+    if case == "truncated":
+        (source / "measurement.json").write_bytes(data[: len(data) // 2])
+    elif case == "nan":
+        (source / "measurement.json").write_bytes(
+            data.replace(b'"achieved_tflops": ', b'"x": NaN, "y": ')
+        )
+    elif case == "deep":
+        (source / "measurement.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    elif case == "missing":
+        source = tmp_path / "nowhere"
+    elif case == "not-a-run":
+        source = runs
+    result = run_script("fit.py", str(source), "--days", "7", "--runs-dir", str(runs))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("fit.py: error: ")
+    assert message in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_a_runs_directory_that_does_not_exist_is_refused(tmp_path):
+    folder = copy_run(tmp_path / "runs", LARGE_RUN)
+    result = run_script("fit.py", str(folder), "--days", "7", "--runs-dir", str(tmp_path / "no"))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"fit.py: error: {tmp_path / 'no'} is not an existing folder\n"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nox") is None, reason="nox is not installed here")
+def test_nox_fit_runs_the_stage_and_ends_with_its_exit_code(tmp_path):
+    runs = tmp_path / "runs"
+    folder = copy_run(runs, LARGE_RUN)
+    python = outside_python(tmp_path)
+    env = {**os.environ, "ITERAGPU_PYTHON": str(python), "ITERAGPU_RUNS_DIR": str(runs)}
+    command = [sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", "fit", "--"]
+    done = subprocess.run(
+        [*command, str(folder), "--days", "7"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "peak reserved 0.09 GiB (92,274,688 bytes, measured on NVIDIA H200)"
+    )
+    refused = subprocess.run(
+        [*command, str(tmp_path / "nowhere"), "--days", "7"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert refused.returncode == 2
+    assert (
+        f"fit.py: error: {tmp_path / 'nowhere'} does not exist" in refused.stdout + refused.stderr
+    )
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    folder = copy_run(tmp_path / "runs", LARGE_RUN)
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "pipeline" / "fit.py"), str(folder), "--days", "7"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()  # like `| head -1` leaving before the stage writes
+    assert process.stderr.read() == b""
+    assert process.wait(timeout=120) == 1
+    process.stderr.close()
