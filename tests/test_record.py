@@ -136,7 +136,10 @@ def test_a_run_already_recorded_is_refused_and_the_log_stays(tmp_path):
     log = tmp_path / "runs" / "resultats-bruts.csv"
     before, stat = log.read_bytes(), log.stat()
     result = run_script("record.py", str(folder))
-    assert_refused(result, f"{folder.name} is already recorded in {log}")
+    assert_refused(
+        result,
+        f"{log}: $.run_id: {folder.name} is already recorded, at line 2: a run is recorded once",
+    )
     assert log.read_bytes() == before
     assert log.stat().st_mtime_ns == stat.st_mtime_ns
 
@@ -266,17 +269,24 @@ def test_quality_values_under_a_decided_protocol_are_recorded_and_checked(tmp_pa
 # ------------------------------------------------------------------ concurrency and crashes
 
 
+def own_sha(run_id: str) -> str:
+    """A measurement SHA-256 of the run's own: a log holds each measurement once."""
+    return hashlib.sha256(run_id.encode()).hexdigest()
+
+
 def appender(log, ids: list[str], forever: str = "") -> str:
-    """A Python program appending the small run's row under each id; with `forever` (a time
-    stamp), then under <forever>-000001, -000002... until it is killed. It says "ready" and
-    waits for a file "go" beside the log, so that all workers start appending at once."""
+    """A Python program appending the small run's row under each id (with a SHA-256 of its
+    own); with `forever` (a time stamp), then under <forever>-000001, -000002... until it is
+    killed. It says "ready" and waits for a file "go" beside the log, so that all workers
+    start appending at once."""
     return f"""
-import json, sys, time
+import hashlib, json, sys, time
 sys.path[:0] = [{str(PIPELINE)!r}]
-import record, validate
+import cli, record, validate
 from pathlib import Path
 data = Path({str(H200 / "small.json")!r}).read_bytes()
-row = record.build_row("", data, json.loads(data), validate.Protocol().sha256)
+protocol, registry = validate.Protocol(), validate.load_registry()
+row = record.build_row("", data, json.loads(data), protocol.sha256)
 print("ready", flush=True)
 while not Path({str(log.parent / "go")!r}).exists():
     time.sleep(0.001)
@@ -285,9 +295,10 @@ ids = {ids!r}
 n = 0
 while ids or {forever!r}:
     row["run_id"] = ids.pop(0) if ids else "{forever}-%06x" % (n := n + 1)
+    row["measurement_sha256"] = hashlib.sha256(row["run_id"].encode()).hexdigest()
     try:
-        record.append_row(Path({str(log)!r}), row)
-    except record.Refused:
+        record.append_row(Path({str(log)!r}), row, registry, protocol)
+    except cli.UsageError:
         refused += 1
 print(refused)
 """
@@ -314,9 +325,11 @@ def test_eight_processes_append_four_hundred_whole_rows(tmp_path):
     expected = runfixtures.make_row(0)
     header = validate.kit_header()
     wanted = {
-        record.csv_line(expected[c] if c != "run_id" else run_id for c in header)
+        record.csv_line(
+            (expected | {"run_id": i, "measurement_sha256": own_sha(i)})[c] for c in header
+        )
         for chunk in ids
-        for run_id in chunk
+        for i in chunk
     }
     assert set(lines[1:]) == wanted  # every row whole, each once: none interleaved
     assert validate.log_errors(log.read_bytes(), REGISTRY, validate.Protocol()) == []

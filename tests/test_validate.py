@@ -47,7 +47,10 @@ def test_the_real_h200_outputs_are_valid():
     paths = [str(H200 / f"{name}.json") for name in FIXTURES]
     result = run_script("validate.py", *paths)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [f"{path}: valid" for path in paths]
+    assert result.stdout.splitlines() == [
+        *(f"{path}: valid" for path in paths),
+        "5 valid, 0 invalid, 0 skipped",
+    ]
 
 
 # ------------------------------------------------------------------ the broken corpus
@@ -241,7 +244,7 @@ def test_the_corpus_on_the_command_line(tmp_path):
         paths[-1].write_bytes(build())
     result = run_script("validate.py", *map(str, paths))
     assert result.returncode == 1
-    assert result.stdout == ""
+    assert result.stdout == f"0 valid, {len(CORPUS)} invalid, 0 skipped\n"
     lines = result.stderr.splitlines()
     for path, (_, _, where) in zip(paths, CORPUS, strict=True):
         assert any(line.startswith(f"{path}: {where}") for line in lines), path.name
@@ -301,7 +304,11 @@ def test_a_run_folder_stands_for_its_files(tmp_path):
     folder = runfixtures.make_run(tmp_path / "runs", fixture="oom")
     result = run_script("validate.py", str(folder))
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.splitlines()) == 2
+    assert result.stdout.splitlines() == [
+        f"{folder / 'environment.json'}: valid",
+        f"{folder / 'measurement.json'}: valid",
+        "2 valid, 0 invalid, 0 skipped",
+    ]
 
 
 # ------------------------------------------------------------------ results logs
@@ -344,7 +351,10 @@ def test_a_broken_log_is_rejected_with_the_line(case, change, where):
 def test_a_log_on_the_command_line(tmp_path):
     log = tmp_path / "log.csv"
     log.write_bytes(runfixtures.log_bytes([runfixtures.make_row(0, "large")]))
-    assert run_script("validate.py", str(log)).stdout == f"{log}: valid\n"
+    assert (
+        run_script("validate.py", str(log)).stdout
+        == f"{log}: valid\n1 valid, 0 invalid, 0 skipped\n"
+    )
     log.write_bytes(log.read_bytes()[:-1])
     result = run_script("validate.py", str(log))
     assert result.returncode == 1
