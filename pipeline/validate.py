@@ -31,7 +31,6 @@ import sys
 from collections.abc import Callable, Iterator
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
-from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -103,10 +102,17 @@ def _is_datetime(instance: object) -> bool:
     every host."""
     if not isinstance(instance, str):
         return True
-    if not re.fullmatch(r"[0-9-]{10}T[0-9:]{8}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})", instance):
+    shape = (
+        r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})"
+    )
+    if not re.fullmatch(shape, instance):
         return False
-    datetime.datetime.strptime(instance[:19], "%Y-%m-%dT%H:%M:%S")  # a real calendar day
-    return True
+    try:
+        datetime.date.fromisoformat(instance[:10])  # a real calendar day
+    except ValueError:
+        return False
+    hour, minute, second = int(instance[11:13]), int(instance[14:16]), int(instance[17:19])
+    return hour < 24 and minute < 60 and second < 62  # 60 and 61: leap seconds
 
 
 def _is_integer(checker, instance: object) -> bool:
@@ -116,7 +122,7 @@ def _is_integer(checker, instance: object) -> bool:
 
 
 FORMATS = FormatChecker(Draft202012Validator.FORMAT_CHECKER.checkers)
-FORMATS.checks("date-time", raises=ValueError)(_is_datetime)
+FORMATS.checks("date-time")(_is_datetime)
 Validator = validators.extend(
     Draft202012Validator,
     type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
@@ -420,10 +426,15 @@ SAME_IN_DRAFT_7 = {"title", "description", "type", "required", "enum", "const", 
 SAME_IN_DRAFT_7 |= {"minLength", "maxLength", "format", "minimum", "maximum"}
 
 
-def as_draft_7(node: dict) -> dict:
+CELL_MEMORY = 4096
+
+
+def as_draft_7(node: dict | bool) -> dict | bool:
     """A 2020-12 schema as draft 7 states it, for fastjsonschema: $defs become definitions,
     and a $ref beside other keywords (draft 7 ignores them) goes into an allOf with them.
     ValueError for a keyword whose meaning differs between the drafts."""
+    if isinstance(node, bool):
+        return node
     out: dict = {}
     for key, value in node.items():
         if key in ("properties", "$defs"):
@@ -447,29 +458,43 @@ def as_draft_7(node: dict) -> dict:
 
 @functools.cache
 def _compiled_row_check(schema_text: str) -> Callable[[dict], bool] | None:
-    """fastjsonschema's compiled form of the row schema, or None without fastjsonschema."""
+    """fastjsonschema's compiled form of the row schema, or None without fastjsonschema.
+
+    A row is valid exactly when the schema holds with each property's own schema replaced by
+    `true` (what is left only looks at the names and at the rules across cells), and each
+    cell holds its property's schema: that is all "properties" asks. Cells repeat from row to
+    row (GPU, versions, configuration), so the values found valid are remembered, up to
+    CELL_MEMORY a column: a repeated value is then a set lookup."""
     try:
         import fastjsonschema
     except ImportError:
         return None
     schema = load_json(schema_text)
     body = {key: value for key, value in schema.items() if key not in ("$schema", "$id")}
+    properties = body.get("properties", {})
+    across = dict(body, properties=dict.fromkeys(properties, True))
+    each = {"properties": properties, "$defs": body.get("$defs", {})}
     try:
-        draft_7 = {"$schema": "http://json-schema.org/draft-07/schema#", **as_draft_7(body)}
+        across_check, cell_check = (
+            fastjsonschema.compile(
+                {"$schema": "http://json-schema.org/draft-07/schema#", **as_draft_7(part)},
+                formats={"date-time": _is_datetime},
+            )
+            for part in (across, each)
+        )
     except ValueError:
         return None
-
-    def is_datetime(value: object) -> bool:
-        try:
-            return _is_datetime(value)
-        except ValueError:
-            return False
-
-    compiled = fastjsonschema.compile(draft_7, formats={"date-time": is_datetime})
+    valid: dict[str, set] = {name: set() for name in properties}
 
     def check(row: dict) -> bool:
         try:
-            compiled(row)
+            across_check(row)
+            for name, value in row.items():
+                known = valid.get(name)
+                if known is not None and value not in known:
+                    cell_check({name: value})
+                    if len(known) < CELL_MEMORY:
+                        known.add(value)
         except fastjsonschema.JsonSchemaException:
             return False
         return True
@@ -581,62 +606,87 @@ def log_errors(data: bytes, registry: Registry, protocol: Protocol) -> list[str]
     return check_log(data, registry, protocol)[1]
 
 
-# Bytes of a plain log, where each line is one row split at its commas: printable ASCII
-# without a quote, and line ends. csv.writer quotes no cell of such a row.
+# A plain log is printable ASCII without a quote, and line ends: each line is then one row
+# split at its commas (csv.writer quotes no cell of such a row). Deleting PLAIN_TEXT from it
+# leaves its separators alone, and whatever is not plain.
 PLAIN = bytes(range(0x20, 0x7F)).replace(b'"', b"") + b"\n"
+PLAIN_TEXT = PLAIN.replace(b",", b"").replace(b"\n", b"")
 
 
 def append_refusal(data: bytes, row: dict, registry: Registry, protocol: Protocol) -> str:
     """Why `row` may not be appended to the log `data`, or "" if it may.
 
-    The rows already in a log were checked when they were appended; what a later hand or a
-    torn write can break is checked in the whole log, at the speed of bytes: its header, its
-    last line end, each line's cells, each run id and each measurement once (in the log and
-    against `row`), and the last row's contents as validate checks a row. A log that is not
-    plain (a quoted cell, a control character, a byte outside printable ASCII) is checked
-    whole, row by row, as validate.py does."""
+    Each row in a log was checked when it was appended. What a later hand or a torn write can
+    break is checked in the whole log at the speed of bytes, without reading it into rows:
+    its header, its last line end, each line's cells, each run id once, the last row's
+    contents as validate checks a row, and that neither `row`'s run id nor its measurement is
+    there already. A log that is not plain (a quoted cell, a control character, a byte
+    outside printable ASCII) is checked row by row, as validate.py checks it."""
     header = kit_header()
     if data and not data.endswith(b"\n"):
         return "$: the last line has no line end (a torn append, or an edit by hand)"
-    first, _, body = data.partition(b"\n")
-    if data.translate(None, PLAIN) or first.decode("ascii").split(",") != list(header):
-        rows, errors = check_log(data, registry, protocol, keep_rows=True)
+    separators = data.translate(None, PLAIN_TEXT)  # one pass over the log: its commas
+    shape = b"," * (len(header) - 1) + b"\n"
+    lines = len(separators) // len(shape)
+    plain = separators == shape * lines or not data.translate(None, PLAIN)
+    if not plain:
+        return _refusal_row_by_row(data, row, registry, protocol)
+    if data[: data.find(b"\n")].decode("ascii").split(",") != list(header):
+        return f"line 1: not the header of {KIT_GRID.name}"
+    if separators != shape * lines:
+        records = data.split(b"\n")
+        i = next(i for i, r in enumerate(records) if r.count(b",") != len(header) - 1)
+        cells = records[i].count(b",") + 1 if records[i] else 0  # csv reads "" as no cell
+        return f"line {i + 1}: {cells} cells, expected {len(header)}"
+    lines -= 1  # the header
+    run_ids = re.findall(rb"\n([^,]*)", data)[:-1]  # the first cell of each line
+    if len(set(run_ids)) != len(run_ids):
+        return _first_repeat("run_id", [run_id.decode() for run_id in run_ids])
+    if lines:
+        last = data[data.rindex(b"\n", 0, len(data) - 1) + 1 : -1].decode().split(",")
+        errors = row_errors(dict(zip(header, last, strict=True)), registry, protocol)
         if errors:
-            return errors[0]
-        lines = [line for line, _ in rows]
-        run_ids = [old["run_id"] for _, old in rows]
-        measurements = [old["measurement_sha256"] for _, old in rows]
-    else:
-        records = body.split(b"\n")[:-1]
-        lines = range(2, len(records) + 2)
-        commas = list(map(bytes.count, records, repeat(b",")))
-        if commas.count(len(header) - 1) != len(commas):
-            i = next(i for i, n in enumerate(commas) if n != len(header) - 1)
-            cells = commas[i] + 1 if records[i] else 0  # csv reads a blank line as no cell
-            return f"line {i + 2}: {cells} cells, expected {len(header)}"
-        after = len(header) - header.index("measurement_sha256")  # cells from the end
-        run_ids = [record.partition(b",")[0].decode() for record in records]
-        measurements = [record.rsplit(b",", after)[1].decode() for record in records]
-        for name, values in (("run_id", run_ids), ("measurement_sha256", measurements)):
-            if len(set(values)) != len(values):
-                return _first_repeat(name, values)
-        if records:
-            last = dict(zip(header, records[-1].decode().split(","), strict=True))
-            errors = row_errors(last, registry, protocol)
-            if errors:
-                return f"line {lines[-1]}: {errors[0]}"
-    if row["run_id"] in run_ids:
-        at = lines[run_ids.index(row["run_id"])]
+            return f"line {lines + 1}: {errors[0]}"
+    at = data.find(b"\n" + row["run_id"].encode() + b",")
+    if at >= 0:
+        line = data.count(b"\n", 0, at + 1) + 1
         return (
-            f"$.run_id: {row['run_id']} is already recorded, at line {at}: a run is recorded once"
+            f"$.run_id: {row['run_id']} is already recorded, at line {line}: a run is recorded once"
         )
-    if row["measurement_sha256"] in measurements:
-        i = measurements.index(row["measurement_sha256"])
-        return (
-            f"$.measurement_sha256: this measurement is already recorded, at line {lines[i]} "
-            f"(run {run_ids[i]}): a measurement is recorded once"
-        )
+    column = header.index("measurement_sha256")
+    cell = b"," + row["measurement_sha256"].encode() + b","
+    at = data.find(cell)
+    while at >= 0:  # the same 64 hex digits could be another column's: count the commas
+        start = data.rfind(b"\n", 0, at) + 1
+        if data.count(b",", start, at + 1) == column:
+            line = data.count(b"\n", 0, at) + 1
+            run_id = data[start : data.index(b",", start)].decode()
+            return _measurement_again(line, run_id)
+        at = data.find(cell, at + 1)
     return ""
+
+
+def _refusal_row_by_row(data: bytes, row: dict, registry: Registry, protocol: Protocol) -> str:
+    """append_refusal for a log that is not plain: every row read and checked."""
+    errors = log_errors(data, registry, protocol)
+    if errors:
+        return errors[0]
+    for line, old, _ in log_records(data, kit_header()):
+        if old["run_id"] == row["run_id"]:
+            return (
+                f"$.run_id: {row['run_id']} is already recorded, at line {line}: "
+                "a run is recorded once"
+            )
+        if old["measurement_sha256"] == row["measurement_sha256"]:
+            return _measurement_again(line, old["run_id"])
+    return ""
+
+
+def _measurement_again(line: int, run_id: str) -> str:
+    return (
+        f"$.measurement_sha256: this measurement is already recorded, at line {line} "
+        f"(run {run_id}): a measurement is recorded once"
+    )
 
 
 def _first_repeat(name: str, values: list[str]) -> str:
