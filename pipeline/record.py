@@ -96,11 +96,10 @@ def csv_line(cells) -> bytes:
 
 
 def read_all(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """The whole file from its start, read into one buffer sized from its length."""
+    with open(fd, "rb", buffering=0, closefd=False) as handle:
+        handle.seek(0)
+        return handle.readall()
 
 
 def append_row(log: Path, row: dict, registry, protocol: validate.Protocol) -> int:

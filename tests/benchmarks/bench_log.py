@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,7 +75,9 @@ def write_log(path: Path, rows: list[dict], first: int, count: int) -> Path:
         row["run_id"] = f"{row['run_id'][:16]}-{n:06x}"
         row["measurement_sha256"] = hashlib.sha256(f"bench {n}".encode()).hexdigest()
         lines.append(record.csv_line(row[column] for column in header))
-    path.write_bytes(b"".join(lines))
+    with path.open("wb") as handle:
+        handle.write(b"".join(lines))
+        os.fsync(handle.fileno())  # on disk, as a log is: record's own fsync is then its row's
     return path
 
 
