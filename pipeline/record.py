@@ -16,9 +16,9 @@ Why the log is valid CSV after a crash or kill -9: it is created whole (an unnam
 linked to its name once written), and each row is one os.write() of the whole encoded line
 on an O_APPEND descriptor, under an exclusive flock, then fsync. A process killed before
 that write left nothing; after it, a whole row. The same lock makes "is this run already
-recorded?" and the append one step across processes. A log that validate.py would reject
-(a torn last line after a power cut, an edit by hand) is never appended to (exit 2):
-nothing is repaired behind your back.
+recorded?" and the append one step across processes. A log broken since (a torn last line
+after a power cut, an edit by hand) is never appended to (exit 2), as
+validate.append_refusal says: nothing is repaired behind your back.
 
 Exit 0 recorded; 1 a run's files do not validate (nothing appended for it); 2 bad input: not
 a run folder, already recorded, quality values refused, a log that is not a results log.
