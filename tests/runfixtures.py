@@ -30,20 +30,26 @@ def run_id(n: int) -> str:
     return f"20261202T{n // 3600:02d}{n // 60 % 60:02d}{n % 60:02d}Z-{n:06x}"
 
 
+def measurement_bytes(n: int, fixture: str) -> bytes:
+    """A real measurement, followed by n spaces: run n's own bytes (and SHA-256), as two real
+    runs never share a measurement.json, with the same JSON in them."""
+    return (H200 / f"{fixture}.json").read_bytes() + b" " * n
+
+
 def make_run(runs_dir: Path, n: int = 0, fixture: str = "small", environment=True) -> Path:
     """runs_dir/<run id>/ holding a real measurement (and the real environment.json)."""
     runs_dir.mkdir(exist_ok=True)
     folder = runs_dir / run_id(n)
     folder.mkdir()
-    shutil.copyfile(H200 / f"{fixture}.json", folder / "measurement.json")
+    (folder / "measurement.json").write_bytes(measurement_bytes(n, fixture))
     if environment:
         shutil.copyfile(H200 / "env.json", folder / "environment.json")
     return folder
 
 
 def make_row(n: int = 0, fixture: str = "small", protocol: Path = validate.PROTOCOL) -> dict:
-    """The row record.py builds for a real measurement, under the given protocol."""
-    data = (H200 / f"{fixture}.json").read_bytes()
+    """The row record.py builds for make_run's run n, under the given protocol."""
+    data = measurement_bytes(n, fixture)
     sha = validate.Protocol(protocol).sha256
     return record.build_row(run_id(n), data, json.loads(data), sha)
 

@@ -1,5 +1,5 @@
-"""The committed evidence under runs/ stays valid: every artefact against its schema and the
-facts validate.py checks, and the results log as a whole."""
+"""The committed evidence under runs/ stays valid: `validate.py runs/` walks it whole, every
+artefact against its schema and the facts validate.py checks, and the results log."""
 
 from __future__ import annotations
 
@@ -7,20 +7,34 @@ import json
 
 import pytest
 import validate
-from conftest import RUNS
+from conftest import RUNS, run_script
 
 REGISTRY = validate.load_registry()
-ARTEFACTS = sorted(p for p in RUNS.rglob("*.json"))
+FILES = sorted(p for p in RUNS.rglob("*") if p.is_file() and not p.is_symlink())
+CHECKED = [p for p in FILES if p.suffix in (".json", ".csv")]  # artefacts and the log
 
 
-@pytest.mark.parametrize("path", ARTEFACTS, ids=lambda p: str(p.relative_to(RUNS)))
+@pytest.mark.parametrize("path", [p for p in CHECKED if p.suffix == ".json"], ids=str)
 def test_every_committed_artefact_validates(path):
-    assert validate.validate_json(path.read_bytes(), REGISTRY) == []
+    assert validate.read_artefact(path, REGISTRY).errors == []
 
 
-@pytest.mark.skipif(not (RUNS / "resultats-bruts.csv").exists(), reason="no log committed yet")
-def test_the_committed_results_log_validates():
-    assert validate.main([str(RUNS / "resultats-bruts.csv")]) == 0
+def test_validate_walks_the_committed_runs_and_finds_them_all_valid():
+    """One command over the whole tree: each folder kind is either checked (run, sweep,
+    notebook, prediction and equivalence grid folders hold JSON artefacts; runs/ holds the
+    log) or listed as skipped with its reason (pictures, benchmark printouts, README)."""
+    result = run_script("validate.py", str(RUNS))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    skipped = [p for p in FILES if p not in CHECKED]
+    assert lines[-1] == f"{len(CHECKED)} valid, 0 invalid, {len(skipped)} skipped"
+    assert sorted(lines[:-1]) == sorted(
+        [f"{path}: valid" for path in CHECKED]
+        + [f"{path}: skipped ({validate.SKIPPED_SUFFIXES[path.suffix]})" for path in skipped]
+    )
+    assert len(CHECKED) > 250  # the grids' points, the run folders, the sweeps, the log
+    assert {p.suffix for p in skipped} == {".png", ".txt", ".md"}
 
 
 def test_every_sweep_point_is_a_run_folder_of_its_own():

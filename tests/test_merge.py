@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import merge
 import pytest
 import runfixtures
 import validate
-from conftest import run_script
+from conftest import PIPELINE, run_script
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -159,3 +160,29 @@ def test_merging_is_a_union_whatever_the_split_and_the_order(copies):
     for row, n in zip(merged, wanted, strict=True):
         filled = any(f for m, f, _ in copies if m == n)
         assert row == (base[n] | QUALITY if filled else base[n])
+
+
+def test_one_measurement_under_two_run_ids_is_a_conflict(tmp_path):
+    """The same measurement.json copied to another folder on another machine, and recorded
+    there: two rows of one run, which only the SHA-256 shows."""
+    copied = rows(2)[0] | {"run_id": runfixtures.run_id(7)}
+    a = write_log(tmp_path / "a.csv", rows(1, 2))
+    b = write_log(tmp_path / "b.csv", [copied])
+    out = tmp_path / "team.csv"
+    result = run_script("merge.py", str(a), str(b), "--output", str(out))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"{b}: line 2: $.measurement_sha256: the measurement of run {runfixtures.run_id(2)} "
+        f"({a}: line 3) under another run id\nmerge.py: nothing written to {out}\n"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077], ids=oct)
+def test_the_merged_log_follows_the_umask(tmp_path, umask):
+    a = write_log(tmp_path / "a.csv", rows(1, 2))
+    out = tmp_path / "team.csv"
+    argv = [sys.executable, str(PIPELINE / "merge.py"), str(a), "--output", str(out)]
+    result = subprocess.run(argv, capture_output=True, text=True, umask=umask)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask

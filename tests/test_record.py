@@ -7,7 +7,9 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -136,7 +138,10 @@ def test_a_run_already_recorded_is_refused_and_the_log_stays(tmp_path):
     log = tmp_path / "runs" / "resultats-bruts.csv"
     before, stat = log.read_bytes(), log.stat()
     result = run_script("record.py", str(folder))
-    assert_refused(result, f"{folder.name} is already recorded in {log}")
+    assert_refused(
+        result,
+        f"{log}: $.run_id: {folder.name} is already recorded, at line 2: a run is recorded once",
+    )
     assert log.read_bytes() == before
     assert log.stat().st_mtime_ns == stat.st_mtime_ns
 
@@ -211,6 +216,134 @@ def test_a_log_that_is_not_whole_is_never_appended_to(tmp_path, damage, message)
     assert log.read_bytes() == before
 
 
+def test_the_same_measurement_under_another_folder_name_is_refused(tmp_path):
+    runs = tmp_path / "runs"
+    first = runfixtures.make_run(runs, 1)
+    assert run_script("record.py", str(first)).returncode == 0
+    log = runs / "resultats-bruts.csv"
+    before = log.read_bytes()
+    copy = runs / runfixtures.run_id(2)
+    shutil.copytree(first, copy)
+    result = run_script("record.py", str(copy))
+    assert_refused(
+        result,
+        f"{log}: $.measurement_sha256: this measurement is already recorded, at line 2 "
+        f"(run {first.name}): a measurement is recorded once; nothing appended",
+    )
+    assert log.read_bytes() == before
+
+
+LOG_DAMAGE = [
+    # (case, damage to a valid two-row log, what validate and record both say)
+    ("run-twice", lambda b: b + b.splitlines(keepends=True)[1], "line 4: $.run_id"),
+    (
+        "foreign-row",
+        lambda b: b + b",".join([b"x"] * 31) + b"\n",
+        "line 4: $.accepted_results: 'x' does not match",
+    ),
+    ("nul-byte", lambda b: b.replace(b"NVIDIA H200", b"NVIDIA\0H200", 1), "line 2: $.gpu_name"),
+    (
+        "quoted-newline",
+        lambda b: b.replace(b"NVIDIA H200", b'"NVIDIA\nH200"', 1),
+        "line 3: $.gpu_name",
+    ),
+    ("blank-line", lambda b: b + b"\n", "line 4: 0 cells, expected 31"),
+    ("cell-missing", lambda b: b.replace(b",1,16,64,", b",1,16,", 1), "line 2: 30 cells"),
+    (
+        "quoted-and-foreign",  # not plain: every row is read, the middle one is refused
+        lambda b: b.replace(b"NVIDIA H200", b'"NVIDIA H200, SXM"', 1).replace(
+            b",1,16,64,", b",0,16,64,", 1
+        ),
+        "line 2: $.batch",
+    ),
+    ("torn-last-line", lambda b: b[:-1], "$: the last line has no line end"),
+]
+
+
+@pytest.mark.parametrize(("case", "damage", "message"), LOG_DAMAGE, ids=[c[0] for c in LOG_DAMAGE])
+def test_a_log_that_validate_rejects_is_never_appended_to(tmp_path, case, damage, message):
+    runs = tmp_path / "runs"
+    for n, fixture in ((1, "small"), (2, "oom")):
+        assert run_script("record.py", str(runfixtures.make_run(runs, n, fixture))).returncode == 0
+    log = runs / "resultats-bruts.csv"
+    log.write_bytes(damage(log.read_bytes()))
+    before = log.read_bytes()
+    checked = run_script("validate.py", str(log))
+    assert checked.returncode == 1
+    assert f"{log}: {message}" in checked.stderr
+    result = run_script("record.py", str(runfixtures.make_run(runs, 3, "large")))
+    assert_refused(result, f"{log}: {message}")
+    assert result.stderr.endswith("; nothing appended\n")
+    assert log.read_bytes() == before
+
+
+def test_a_log_with_quoted_cells_is_read_row_by_row_and_appended_to(tmp_path):
+    """A GPU name with a comma is quoted by csv.writer: such a log is valid, and is checked
+    row by row instead of at the speed of bytes."""
+    runs = tmp_path / "runs"
+    assert run_script("record.py", str(runfixtures.make_run(runs, 1))).returncode == 0
+    log = runs / "resultats-bruts.csv"
+    log.write_bytes(log.read_bytes().replace(b"NVIDIA H200", b'"NVIDIA H200, SXM"'))
+    assert run_script("validate.py", str(log)).returncode == 0
+    again = run_script("record.py", str(runs / runfixtures.run_id(1)))
+    assert_refused(
+        again, f"{log}: $.run_id: {runfixtures.run_id(1)} is already recorded, at line 2"
+    )
+    copy = runs / runfixtures.run_id(4)
+    shutil.copytree(runs / runfixtures.run_id(1), copy)
+    assert_refused(run_script("record.py", str(copy)), "this measurement is already recorded")
+    folder = runfixtures.make_run(runs, 3, "large")
+    result = run_script("record.py", str(folder))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{folder}: recorded in {log}, line 3\n"
+    assert run_script("validate.py", str(log)).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda b: b.replace(
+                b'"batch": 1,', b'"batch": ' + b"[" * 100_000 + b"]" * 100_000 + b",", 1
+            ),
+            "$: not valid JSON (nested too deeply)",
+        ),
+        (
+            lambda b: b.replace(b'"seed": 0', b'"seed": NaN', 1),
+            "$: not valid JSON (NaN is not a JSON number)",
+        ),
+        (
+            lambda b: b.replace(b'"batch": 1,', b'"batch": 1.0,', 1),
+            "$.configuration.batch: 1.0 is not of type 'integer'",
+        ),
+    ],
+    ids=["100000-deep", "NaN", "batch-1.0"],
+)
+def test_a_measurement_validate_refuses_is_refused_with_its_words(tmp_path, change, message):
+    """The same rules in both: the line validate.py prints is the line record.py prints."""
+    folder = runfixtures.make_run(tmp_path / "runs")
+    path = folder / "measurement.json"
+    path.write_bytes(change(path.read_bytes()))
+    checked = run_script("validate.py", str(path))
+    assert checked.stderr == f"{path}: {message}\n"
+    result = run_script("record.py", str(folder))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"{path}: {message}\nrecord.py: {folder} does not validate: nothing appended\n"
+    )
+    assert not (tmp_path / "runs" / "resultats-bruts.csv").exists()
+
+
+def test_a_folder_named_measurement_json_is_not_recorded(tmp_path):
+    folder = runfixtures.make_run(tmp_path / "runs")
+    (folder / "measurement.json").unlink()
+    (folder / "measurement.json").mkdir()
+    result = run_script("record.py", str(folder))
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"{folder / 'measurement.json'}: $: a folder, not a file\n")
+    assert not (tmp_path / "runs" / "resultats-bruts.csv").exists()
+
+
 # ------------------------------------------------------------------ quality values
 
 QUALITY = ["--useful-work", "400", "--accepted-results", "388", "--threshold-met", "yes"]
@@ -223,14 +356,33 @@ def test_quality_values_are_refused_while_the_shipped_protocol_is_blank(tmp_path
     assert not (tmp_path / "runs" / "resultats-bruts.csv").exists()
 
 
+TOGETHER = "--useful-work, --accepted-results and --threshold-met go together"
+
+
 @pytest.mark.parametrize(
-    "argv",
-    [QUALITY[:2], QUALITY[2:], ["--useful-work", "-1", *QUALITY[2:]], ["--threshold-met", "maybe"]],
-    ids=["work-only", "no-work", "negative", "maybe"],
+    ("argv", "message"),
+    [
+        (QUALITY[:2], TOGETHER),
+        (QUALITY[2:], TOGETHER),
+        (["--threshold-met", "no"], TOGETHER),
+        (["--useful-work", "-1", *QUALITY[2:]], "argument --useful-work: expected an integer >= 0"),
+        (["--accepted-results", "1e3"], "argument --accepted-results: expected an integer >= 0"),
+        (["--threshold-met", "maybe"], "argument --threshold-met: invalid choice: 'maybe'"),
+    ],
+    ids=["work-only", "no-work", "met-only", "negative", "exponent", "maybe"],
 )
-def test_quality_values_that_do_not_go_together_are_refused(tmp_path, argv):
+def test_quality_values_that_do_not_go_together_are_refused(tmp_path, argv, message):
+    """Refused before the protocol is read: the blank protocol that ships would refuse them
+    too, with its own message, so the message is what shows which check said no."""
     folder = runfixtures.make_run(tmp_path / "runs")
-    assert run_script("record.py", str(folder), *argv).returncode == 2
+    assert_refused(run_script("record.py", str(folder), *argv), message)
+    assert not (tmp_path / "runs" / "resultats-bruts.csv").exists()
+
+
+def test_quality_values_describe_one_run(tmp_path):
+    folders = [str(runfixtures.make_run(tmp_path / "runs", n)) for n in (1, 2)]
+    result = run_script("record.py", *folders, *QUALITY)
+    assert_refused(result, "quality values describe one run: give one RUN_DIR")
 
 
 def test_quality_values_under_a_decided_protocol_are_recorded_and_checked(tmp_path):
@@ -266,17 +418,24 @@ def test_quality_values_under_a_decided_protocol_are_recorded_and_checked(tmp_pa
 # ------------------------------------------------------------------ concurrency and crashes
 
 
+def own_sha(run_id: str) -> str:
+    """A measurement SHA-256 of the run's own: a log holds each measurement once."""
+    return hashlib.sha256(run_id.encode()).hexdigest()
+
+
 def appender(log, ids: list[str], forever: str = "") -> str:
-    """A Python program appending the small run's row under each id; with `forever` (a time
-    stamp), then under <forever>-000001, -000002... until it is killed. It says "ready" and
-    waits for a file "go" beside the log, so that all workers start appending at once."""
+    """A Python program appending the small run's row under each id (with a SHA-256 of its
+    own); with `forever` (a time stamp), then under <forever>-000001, -000002... until it is
+    killed. It says "ready" and waits for a file "go" beside the log, so that all workers
+    start appending at once."""
     return f"""
-import json, sys, time
+import hashlib, json, sys, time
 sys.path[:0] = [{str(PIPELINE)!r}]
-import record, validate
+import cli, record, validate
 from pathlib import Path
 data = Path({str(H200 / "small.json")!r}).read_bytes()
-row = record.build_row("", data, json.loads(data), validate.Protocol().sha256)
+protocol, registry = validate.Protocol(), validate.load_registry()
+row = record.build_row("", data, json.loads(data), protocol.sha256)
 print("ready", flush=True)
 while not Path({str(log.parent / "go")!r}).exists():
     time.sleep(0.001)
@@ -285,9 +444,10 @@ ids = {ids!r}
 n = 0
 while ids or {forever!r}:
     row["run_id"] = ids.pop(0) if ids else "{forever}-%06x" % (n := n + 1)
+    row["measurement_sha256"] = hashlib.sha256(row["run_id"].encode()).hexdigest()
     try:
-        record.append_row(Path({str(log)!r}), row)
-    except record.Refused:
+        record.append_row(Path({str(log)!r}), row, registry, protocol)
+    except cli.UsageError:
         refused += 1
 print(refused)
 """
@@ -314,9 +474,11 @@ def test_eight_processes_append_four_hundred_whole_rows(tmp_path):
     expected = runfixtures.make_row(0)
     header = validate.kit_header()
     wanted = {
-        record.csv_line(expected[c] if c != "run_id" else run_id for c in header)
+        record.csv_line(
+            (expected | {"run_id": i, "measurement_sha256": own_sha(i)})[c] for c in header
+        )
         for chunk in ids
-        for run_id in chunk
+        for i in chunk
     }
     assert set(lines[1:]) == wanted  # every row whole, each once: none interleaved
     assert validate.log_errors(log.read_bytes(), REGISTRY, validate.Protocol()) == []
@@ -347,3 +509,42 @@ def test_a_process_killed_mid_append_leaves_a_valid_csv(tmp_path):
         assert data.endswith(b"\n")
         assert validate.log_errors(data, REGISTRY, validate.Protocol()) == []
     assert len(rows_of(log)) >= 4
+
+
+def test_a_process_killed_while_creating_the_log_leaves_no_file(tmp_path):
+    """The new log is written as an unnamed file, linked to its name once whole: a kill -9
+    before that leaves no name at all (no .resultats-bruts.csv.*.tmp), and the next record
+    creates the log afresh."""
+    runs = tmp_path / "runs"
+    folder = runfixtures.make_run(runs, 1)
+    program = f"""
+import os, sys, time
+sys.path[:0] = [{str(PIPELINE)!r}]
+def stalled_fsync(fd):
+    print("written, not yet linked", flush=True)
+    time.sleep(600)
+os.fsync = stalled_fsync
+import record
+record.main([{str(folder)!r}])
+"""
+    worker = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    assert worker.stdout.readline() == "written, not yet linked\n"
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    assert sorted(path.name for path in runs.iterdir()) == [folder.name]
+    result = run_script("record.py", str(folder))
+    assert result.returncode == 0, result.stderr
+    assert len(rows_of(runs / "resultats-bruts.csv")) == 1
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002, 0o077], ids=oct)
+def test_a_new_log_follows_the_umask(tmp_path, umask):
+    """One rule for every new file: mode 0666 less the umask, as pictures and the zip."""
+    folder = runfixtures.make_run(tmp_path / "runs", 1)
+    script = str(PIPELINE / "record.py")
+    result = subprocess.run(
+        [sys.executable, script, str(folder)], capture_output=True, text=True, umask=umask
+    )
+    assert result.returncode == 0, result.stderr
+    log = tmp_path / "runs" / "resultats-bruts.csv"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o666 & ~umask

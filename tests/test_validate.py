@@ -9,13 +9,14 @@ import copy
 import datetime
 import json
 import re
+import sys
 from decimal import Decimal
 from fractions import Fraction
 
 import pytest
 import runfixtures
 import validate
-from conftest import SCHEMAS, run_script
+from conftest import PIPELINE, RUNS, SCHEMAS, run_script
 from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
@@ -47,7 +48,10 @@ def test_the_real_h200_outputs_are_valid():
     paths = [str(H200 / f"{name}.json") for name in FIXTURES]
     result = run_script("validate.py", *paths)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [f"{path}: valid" for path in paths]
+    assert result.stdout.splitlines() == [
+        *(f"{path}: valid" for path in paths),
+        "5 valid, 0 invalid, 0 skipped",
+    ]
 
 
 # ------------------------------------------------------------------ the broken corpus
@@ -241,7 +245,7 @@ def test_the_corpus_on_the_command_line(tmp_path):
         paths[-1].write_bytes(build())
     result = run_script("validate.py", *map(str, paths))
     assert result.returncode == 1
-    assert result.stdout == ""
+    assert result.stdout == f"0 valid, {len(CORPUS)} invalid, 0 skipped\n"
     lines = result.stderr.splitlines()
     for path, (_, _, where) in zip(paths, CORPUS, strict=True):
         assert any(line.startswith(f"{path}: {where}") for line in lines), path.name
@@ -301,7 +305,11 @@ def test_a_run_folder_stands_for_its_files(tmp_path):
     folder = runfixtures.make_run(tmp_path / "runs", fixture="oom")
     result = run_script("validate.py", str(folder))
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.splitlines()) == 2
+    assert result.stdout.splitlines() == [
+        f"{folder / 'environment.json'}: valid",
+        f"{folder / 'measurement.json'}: valid",
+        "2 valid, 0 invalid, 0 skipped",
+    ]
 
 
 # ------------------------------------------------------------------ results logs
@@ -331,6 +339,17 @@ LOG_DEFECTS = [
     ("duplicate-run", lambda b: b + b.splitlines(keepends=True)[1], "line 4: $.run_id"),
     ("open-quote", lambda b: b + b'"unterminated\n', "line 4: not CSV"),
     ("not-utf8", lambda b: b + b"\xff\n", "$: not UTF-8"),
+    (
+        "measurement-twice",  # the second row's measurement under a third run id
+        lambda b: b + b.splitlines(keepends=True)[2].replace(b"Z-000001,", b"Z-000002,", 1),
+        "line 4: $.measurement_sha256: the measurement of line 3 again",
+    ),
+    ("nul-byte", lambda b: b.replace(b"NVIDIA H200", b"NVIDIA\0H200", 1), "line 2: $.gpu_name"),
+    (
+        "quoted-newline",
+        lambda b: b.replace(b"NVIDIA H200", b'"NVIDIA\nH200"', 1),
+        "line 3: $.gpu_name",
+    ),
 ]
 
 
@@ -344,7 +363,10 @@ def test_a_broken_log_is_rejected_with_the_line(case, change, where):
 def test_a_log_on_the_command_line(tmp_path):
     log = tmp_path / "log.csv"
     log.write_bytes(runfixtures.log_bytes([runfixtures.make_row(0, "large")]))
-    assert run_script("validate.py", str(log)).stdout == f"{log}: valid\n"
+    assert (
+        run_script("validate.py", str(log)).stdout
+        == f"{log}: valid\n1 valid, 0 invalid, 0 skipped\n"
+    )
     log.write_bytes(log.read_bytes()[:-1])
     result = run_script("validate.py", str(log))
     assert result.returncode == 1
@@ -452,3 +474,276 @@ def test_threshold_met_is_exact_integer_arithmetic(
     assert validate.quality_errors(row, protocol) == []
     row["threshold_met"] = "no" if met else "yes"
     assert validate.quality_errors(row, protocol)[0].startswith("$.threshold_met")
+
+
+# ------------------------------------------------------------------ JSON that is not plain
+
+
+def deep(depth: int) -> bytes:
+    """The small run with its batch nested `depth` lists deep."""
+    text = (H200 / "small.json").read_text()
+    return text.replace('"batch": 1,', '"batch": ' + "[" * depth + "]" * depth + ",", 1).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (deep(100_000), "$: not valid JSON (nested too deeply)"),
+        (raw("small", lambda b: b.replace(b'"repeats": 2', b'"repeats": NaN', 1))(), "NaN"),
+        (raw("small", lambda b: b.replace(b'"seed": 0', b'"seed": Infinity', 1))(), "Infinity"),
+        (raw("small", lambda b: b.replace(b'"seed": 0', b'"seed": -Infinity', 1))(), "-Infinity"),
+    ],
+    ids=["100000-deep", "NaN", "Infinity", "-Infinity"],
+)
+def test_json_that_python_would_take_but_is_not_standard_is_one_line(tmp_path, data, message):
+    path = tmp_path / "measurement.json"
+    path.write_bytes(data)
+    result = run_script("validate.py", str(path))
+    assert result.returncode == 1
+    assert result.stdout == "0 valid, 1 invalid, 0 skipped\n"
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"{path}: $: ")
+    assert message in line
+    if message in ("NaN", "Infinity", "-Infinity"):
+        assert line == f"{path}: $: not valid JSON ({message} is not a JSON number)"
+
+
+@pytest.mark.parametrize("depth", range(900, 1101, 10))
+def test_nesting_near_the_recursion_limit_is_one_error_never_a_traceback(depth):
+    """Around this depth json.loads starts refusing, and the checks (jsonschema quoting the
+    value) run out of stack first: either way, one error with a path."""
+    [error] = validate.validate_json(deep(depth), REGISTRY)
+    assert error.startswith("$")
+
+
+def test_a_whole_number_written_as_a_float_is_not_an_integer():
+    """ "batch": 1.0 is what record.py would write as the cell "1.0": refused here already."""
+    errors = validate.validate_json(edit("small", put(1.0, "configuration", "batch"))(), REGISTRY)
+    assert errors == ["$.configuration.batch: 1.0 is not of type 'integer'"]
+    errors = validate.validate_json(edit("small", phase(0, allocated_bytes=0.0))(), REGISTRY)
+    assert errors == ["$.phases[0].allocated_bytes: 0.0 is not of type 'integer'"]
+
+
+def test_a_file_named_for_a_kind_holds_that_kind(tmp_path):
+    folder = runfixtures.make_run(tmp_path / "runs")
+    (folder / "environment.json").write_bytes((H200 / "small.json").read_bytes())
+    result = run_script("validate.py", str(folder))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"{folder / 'environment.json'}: $.schema: 'urn:iteragpu-lab:schema:measurement:v1' "
+        "is not an environment, which environment.json holds\n"
+    )
+
+
+def test_a_folder_named_measurement_json_is_not_a_measurement(tmp_path):
+    folder = runfixtures.make_run(tmp_path / "runs")
+    (folder / "measurement.json").unlink()
+    (folder / "measurement.json").mkdir()
+    for path in (folder, folder / "measurement.json"):
+        result = run_script("validate.py", str(path))
+        assert result.returncode == 1
+        assert f"{folder / 'measurement.json'}: $: a folder, not a file\n" in result.stderr
+
+
+# ------------------------------------------------------------------ walking a tree
+
+
+def evidence_tree(root):
+    """A small runs/ with one folder of each kind the pipeline writes."""
+    runs = root / "runs"
+    run = runfixtures.make_run(runs, 1)
+    (run / "memory.png").write_bytes(b"\x89PNG picture")
+    sweep = runs / "20261202T000002Z-000002-sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_bytes(next(RUNS.glob("*-sweep/sweep.json")).read_bytes())
+    (sweep / "peaks.png").write_bytes(b"\x89PNG picture")
+    grid = runs / "20261202T000003Z-equivalence-grid"
+    (grid / "fresh").mkdir(parents=True)
+    (grid / "float32-b1-c16-w64.json").write_bytes((H200 / "small.json").read_bytes())
+    (grid / "fresh" / "float32-b1-c16-w64.json").write_bytes((H200 / "small.json").read_bytes())
+    (runs / "20261202T000004Z-benchmarks").mkdir()
+    (runs / "20261202T000004Z-benchmarks" / "benchmarks.txt").write_text("round 1: 5 s\n")
+    (runs / "README.md").write_text("# runs/\n")
+    (runs / "resultats-bruts.csv").write_bytes(runfixtures.log_bytes([runfixtures.make_row(1)]))
+    (runs / "link").symlink_to(run)
+    return runs
+
+
+def test_a_tree_is_walked_and_every_file_is_counted(tmp_path):
+    runs = evidence_tree(tmp_path)
+    result = run_script("validate.py", str(runs))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    run, grid = runs / runfixtures.run_id(1), runs / "20261202T000003Z-equivalence-grid"
+    picture = "skipped (a picture, drawn from the artefacts beside it: no schema)"
+    assert result.stdout.splitlines() == [
+        f"{run / 'environment.json'}: valid",
+        f"{run / 'measurement.json'}: valid",
+        f"{run / 'memory.png'}: {picture}",
+        f"{runs / '20261202T000002Z-000002-sweep' / 'peaks.png'}: {picture}",
+        f"{runs / '20261202T000002Z-000002-sweep' / 'sweep.json'}: valid",
+        f"{grid / 'float32-b1-c16-w64.json'}: valid",
+        f"{grid / 'fresh' / 'float32-b1-c16-w64.json'}: valid",
+        f"{runs / '20261202T000004Z-benchmarks' / 'benchmarks.txt'}: skipped (text for people: "
+        "no schema)",
+        f"{runs / 'README.md'}: skipped (text for people: no schema)",
+        f"{runs / 'link'}: skipped (a symbolic link, not followed)",
+        f"{runs / 'resultats-bruts.csv'}: valid",
+        "6 valid, 0 invalid, 5 skipped",
+    ]
+
+
+def test_one_invalid_file_in_a_tree_makes_exit_1_and_is_named(tmp_path):
+    runs = evidence_tree(tmp_path)
+    grid_point = runs / "20261202T000003Z-equivalence-grid" / "fresh" / "float32-b1-c16-w64.json"
+    grid_point.write_bytes(grid_point.read_bytes()[:-3])
+    (runs / "stray.tmp").write_bytes(b"")
+    result = run_script("validate.py", str(runs))
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"{grid_point}: $: not valid JSON (")
+    assert result.stderr.count("\n") == 1
+    assert f"{runs / 'stray.tmp'}: skipped (no schema for *.tmp files)\n" in result.stdout
+    assert result.stdout.endswith("\n5 valid, 1 invalid, 6 skipped\n")
+
+
+def test_a_folder_with_nothing_to_validate_is_unusable_input(tmp_path):
+    (tmp_path / "pictures").mkdir()
+    (tmp_path / "pictures" / "peaks.png").write_bytes(b"\x89PNG")
+    result = run_script("validate.py", str(H200 / "small.json"), str(tmp_path / "pictures"))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"validate.py: error: {tmp_path / 'pictures'}: nothing to validate inside "
+        "(no *.json artefact, no *.csv results log)\n"
+    )
+
+
+def test_help_says_what_validate_does_in_a_whole_sentence():
+    result = run_script("validate.py", "--help")
+    assert result.returncode == 0
+    described = " ".join(result.stdout.split("\n\n")[1].split())
+    assert described == (
+        "Validate pipeline artefacts and results logs against the JSON Schemas in schemas/, "
+        "and the facts a schema cannot state; nothing is written."
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        *sorted(SCHEMAS.glob("*.schema.json")),
+        *(PIPELINE / f"{n}.py" for n in ("validate", "record", "merge")),
+    ],
+    ids=lambda p: p.name,
+)
+def test_rules_are_stated_not_cited_by_number(path):
+    """No "spec rule 23": the document those numbers point to is not in the repository."""
+    text = path.read_text(encoding="utf-8")
+    assert not re.search(r"\b(spec|rules?) ?[0-9]+", text, re.IGNORECASE), path.name
+
+
+# ------------------------------------------------------------------ the row screen
+
+
+CELLS = st.one_of(
+    st.sampled_from(["", "0", "1", "01", "1.5", "2.5", "-1", "yes", "no", "completed", "inputs"]),
+    st.sampled_from(["cuda:0", "cuda:x", "float32", "float64", "2026-12-02T10:33:33Z"]),
+    st.sampled_from(["2026-02-30T10:00:00Z", "2026-12-02T24:00:00Z", "20261202T000000Z-00000g"]),
+    st.sampled_from(["0" * 64, "f" * 63, "A" * 64, "34772480\n", "x\x00", "a,b", 'say "hi"']),
+    st.text(max_size=8),
+    st.integers(0, 10**20).map(str),
+)
+
+
+@given(
+    changes=st.lists(
+        st.tuples(st.sampled_from(validate.kit_header()), CELLS), min_size=0, max_size=4
+    ),
+    fixture=st.sampled_from(FIXTURES[1:]),
+)
+def test_the_row_screen_gives_jsonschemas_verdict(changes, fixture):
+    """fastjsonschema, on the row schema as draft 7 says it and with the cells it has found
+    valid remembered, says valid exactly when jsonschema does."""
+    row = runfixtures.make_row(3, fixture)
+    for column, value in changes:
+        row[column] = value
+    screen = validate.row_screen(REGISTRY)
+    assert not hasattr(screen, "__self__")  # the compiled screen, not jsonschema's is_valid
+    assert screen(row) == (validate.schema_errors(row, validate.RESULTS_ROW, REGISTRY) == [])
+    assert screen(row) == screen(dict(row))  # a second time, from what it remembered
+
+
+def test_the_row_screen_remembers_only_what_it_checked():
+    screen = validate.row_screen(REGISTRY)
+    row = runfixtures.make_row(5, "large")
+    assert screen(row) is True
+    for column, value in row.items():  # no cell may hold a control character
+        for bad in (value + "\n", value + "\x00", "\t" + value):
+            assert screen(row | {column: bad}) is False, (column, bad)
+
+
+def without(column: str):
+    return lambda row: {k: v for k, v in row.items() if k != column}
+
+
+@pytest.mark.parametrize(
+    ("fixture", "change"),
+    [
+        ("small", lambda row: row | {"failed_phase": "inputs"}),
+        ("small", lambda row: row | {"warmup_wall_ns": ""}),
+        ("oom", lambda row: row | {"failed_phase": ""}),
+        ("small", without("seed")),
+        ("small", lambda row: row | {"notes": "x"}),
+    ],
+    ids=[
+        "completed-with-failed-phase",
+        "completed-without-warmup",
+        "oom-without-phase",
+        "missing-column",
+        "extra-column",
+    ],
+)
+def test_the_row_screen_applies_the_rules_across_cells(fixture, change):
+    row = change(runfixtures.make_row(2, fixture))
+    assert validate.schema_errors(row, validate.RESULTS_ROW, REGISTRY) != []
+    assert validate.row_screen(REGISTRY)(row) is False
+
+
+def test_without_fastjsonschema_jsonschema_screens_alone(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastjsonschema", None)
+    validate._compiled_row_check.cache_clear()
+    try:
+        screen = validate.row_screen(REGISTRY)
+        assert screen.__self__.schema["$id"] == validate.RESULTS_ROW  # a jsonschema validator
+        assert screen(runfixtures.make_row(0)) is True
+        assert screen(runfixtures.make_row(0) | {"batch": "1.0"}) is False
+    finally:
+        validate._compiled_row_check.cache_clear()
+
+
+def test_a_keyword_draft_7_reads_otherwise_is_not_translated():
+    with pytest.raises(ValueError, match="'prefixItems' is not read alike by draft 7"):
+        validate.as_draft_7({"type": "array", "prefixItems": [{"type": "string"}]})
+    assert validate.as_draft_7({"$ref": "#/$defs/cell", "pattern": "^x$"}) == {
+        "allOf": [{"$ref": "#/definitions/cell"}, {"pattern": "^x$"}]
+    }
+
+
+@pytest.mark.parametrize(
+    ("stamp", "valid"),
+    [
+        ("2026-12-02T10:33:33Z", True),
+        ("2026-12-31T23:59:60Z", True),  # a leap second
+        ("2026-12-02T10:33:33.25+01:00", True),
+        ("2026-02-29T10:00:00Z", False),
+        ("2026-12-02T24:00:00Z", False),
+        ("2026-12-02T10:60:00Z", False),
+        ("2026-12-02T10:00:62Z", False),
+        ("2026-1-02T10:00:00ZZ", False),
+        ("2026-12-02 10:33:33Z", False),
+    ],
+)
+def test_a_date_time_is_a_real_moment(stamp, valid):
+    assert validate._is_datetime(stamp) is valid
+    row = runfixtures.make_row(0) | {"measured_utc": stamp}
+    assert validate.row_screen(REGISTRY)(row) is (valid and len(stamp) == 20)
