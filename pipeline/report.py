@@ -30,6 +30,7 @@ import fit
 import run_folders
 
 GIB, MIB = 2**30, 2**20
+REPORT_SCHEMA = "urn:iteragpu-lab:schema:report:v1"
 COUNTERS = {  # key: what a reader calls it
     "baseline_allocated_bytes": "allocated at the phase's start",
     "allocated_bytes": "allocated at its end",
@@ -413,6 +414,7 @@ def plan(sources: list[Source], args, runs_dir: Path) -> Plan:
 
 def summary(sources: list[Source], drawn: Plan) -> bytes:
     document = {
+        "schema": REPORT_SCHEMA,
         "tool": "report.py",
         "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "sources": [{"folder": s.name, "file": s.file, "sha256": s.sha256} for s in sources],

@@ -21,6 +21,7 @@ matplotlib = pytest.importorskip("matplotlib")
 import cli  # noqa: E402
 import fit  # noqa: E402
 import report  # noqa: E402
+import validate  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 LARGE_RUN = "20261202T112323Z-50900d"
@@ -105,6 +106,8 @@ def test_report_json_names_each_source_and_picture_by_its_sha256(tmp_path):
         }
     ]
     assert str(tmp_path) not in (folder / "report.json").read_text()  # no path, no user name
+    # `validate runs/` walks report folders too: their report.json must be an artefact.
+    assert validate.validate_document(document, validate.load_registry()) == []
 
 
 def test_the_report_folder_goes_under_iteragpu_runs_dir_or_into_a_new_output(tmp_path):
