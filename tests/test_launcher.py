@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import launcher
 import pytest
-from conftest import PIPELINE, ROOT
+import validate
+from conftest import PIPELINE, ROOT, cuda_available
 
 pytest.importorskip("torch")
+without_a_gpu = pytest.mark.skipif(cuda_available(), reason="shows what happens without a GPU")
 
 
 def launch(code: str) -> subprocess.CompletedProcess:
@@ -47,10 +51,11 @@ def test_children_run_the_kit_script_and_the_parent_never_imports_torch(tmp_path
 
 
 def test_a_refused_measurement_keeps_its_exit_code_and_writes_nothing(tmp_path):
+    """No host has a 65th GPU (and one without a GPU refuses any)."""
     out = tmp_path / "m.json"
     result = launch(f"""
         import launcher
-        print(launcher.Launcher().run(["measure", "--device", "cuda:0", "--output", {str(out)!r}]))
+        print(launcher.Launcher().run(["measure", "--device", "cuda:64", "--output", {str(out)!r}]))
     """)
     assert result.stdout.splitlines()[-1] == "2"
     assert not out.exists()
@@ -84,7 +89,10 @@ def test_gpus_are_counted_in_a_child():
         print(launcher.Launcher().count_gpus(), launcher.Launcher(fork=False).count_gpus())
         print("torch" in sys.modules)
     """)
-    assert result.stdout.split() == ["0", "0", "False"], result.stderr
+    import torch
+
+    count = str(torch.cuda.device_count()) if cuda_available() else "0"
+    assert result.stdout.split() == [count, count, "False"], result.stderr
 
 
 def test_a_child_started_after_another_measures_only_once_that_one_has_exited(tmp_path):
@@ -189,3 +197,61 @@ def test_a_child_holds_its_exit_after_reporting_until_waited_for():
     said = [line for line in result.stdout.splitlines() if line.startswith("parent: ")]
     assert said == ["parent: 0", "parent: True", "parent: 0 False", "parent: 0"], result.stderr
     assert result.returncode == 0
+
+
+# ------------------------------------------------------------------ the equivalence grid
+
+EQUIVALENCE = ROOT / "tests" / "benchmarks" / "equivalence_grid.py"
+
+
+def load_benchmark(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_equivalence_grid_tells_identical_counters_from_differing_ones(tmp_path):
+    """Committed measurements stand in for today's: a copy is identical and equal to the
+    reference; one counter changed in one phase names that phase."""
+    grid = load_benchmark(EQUIVALENCE)
+    name = "float32-b1-c16-w64"
+    committed = grid.REFERENCE / f"{name}.json"
+    (tmp_path / "fresh").mkdir()
+    shutil.copyfile(committed, tmp_path / f"{name}.json")
+    document = json.loads(committed.read_text())
+    (tmp_path / "fresh" / f"{name}.json").write_text(json.dumps(document))
+    row = grid.compare(name, {}, 0, 0, tmp_path, grid.REFERENCE)
+    assert (row["identical"], row["differing_phases"], row["same_as_reference"]) == (True, [], True)
+    document["phases"][2]["peak_reserved_bytes"] += 512
+    (tmp_path / "fresh" / f"{name}.json").unlink()
+    (tmp_path / "fresh" / f"{name}.json").write_text(json.dumps(document))
+    row = grid.compare(name, {}, 0, 0, tmp_path, grid.REFERENCE)
+    assert (row["identical"], row["differing_phases"], row["same_as_reference"]) == (
+        False,
+        [2],
+        True,
+    )
+
+
+@without_a_gpu
+def test_the_equivalence_grid_without_a_gpu_compares_nothing_and_exits_1(tmp_path):
+    out = tmp_path / "grid"
+    result = subprocess.run(
+        [sys.executable, str(EQUIVALENCE), str(out), "--configurations", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert validate.validate_document(comparison, validate.load_registry()) == []
+    assert (comparison["identical"], comparison["not_compared"]) == (0, ["bfloat16-b1-c1-w1"])
+    assert sorted(p.name for p in out.iterdir()) == ["comparison.json", "fresh"]
+    again = subprocess.run(
+        [sys.executable, str(EQUIVALENCE), str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 2
+    assert again.stderr == (
+        f"equivalence_grid.py: error: {out} already exists: the comparison goes in a new folder\n"
+    )

@@ -4,20 +4,28 @@ sweeps themselves ran on an H200: runs/*-sweep/; a real one runs in test_gpu_mea
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import mesure_memoire
 import pytest
 import sweep
 import validate
-from conftest import ROOT, RUNS, run_script
+from conftest import ROOT, RUNS, cuda_available, run_script
 from hypothesis import given
 from hypothesis import strategies as st
 
 PLANS = sorted((ROOT / "data" / "plans").glob("*.yaml"))
+BENCH_SWEEP = ROOT / "tests" / "benchmarks" / "bench_sweep.py"
+without_a_gpu = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or cuda_available(),
+    reason="needs a torch that sees no GPU",
+)
 SMALL_SWEEP = ["--vary", "width", "--start", "8", "--factor", "2", "--max-steps", "3"]
 
 
@@ -118,8 +126,8 @@ def test_without_pytorch_the_sweep_is_one_line_and_exit_2(tmp_path, flags):
     assert list(runs.iterdir()) == []
 
 
+@without_a_gpu
 def test_without_a_gpu_the_first_point_fails_in_one_line_and_leaves_nothing(tmp_path):
-    pytest.importorskip("torch")
     result = run_script("sweep.py", "--device", "cuda:0", *SMALL_SWEEP, "--runs-dir", str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.startswith("mesure_memoire.py: error: no GPU is visible to PyTorch")
@@ -339,3 +347,66 @@ def test_ctrl_c_leaves_only_whole_runs_and_says_so(monkeypatch, tmp_path, capsys
         "reserved; stopped because it was interrupted (Ctrl-C): every point listed is a whole "
         "run; summary in "
     )
+
+
+# ------------------------------------------------------------------ the benchmark's own logic
+
+
+# writes the summary a 3-point sweep would, the first point slow (it loads PyTorch)
+OLDER_SWEEP = """import json, pathlib, sys
+summary = pathlib.Path(sys.argv[sys.argv.index("--runs-dir") + 1]) / "x-sweep" / "sweep.json"
+summary.parent.mkdir()
+summary.write_text(json.dumps({"points": [{"wall_seconds": s} for s in (4.0, 0.5, 0.6)]}))
+"""
+
+
+def test_the_sweep_benchmark_alternates_new_and_old_and_gives_the_ratio(
+    tmp_path, monkeypatch, capsys
+):
+    """The sweeps stand in with fixed figures: the order (new, old, new, old), the old
+    pipeline run from a copy beside this repository's schemas and data, the medians of the
+    points after the first, and new/old."""
+    spec = importlib.util.spec_from_file_location("bench_sweep", BENCH_SWEEP)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    old = tmp_path / "old" / "pipeline"
+    old.mkdir(parents=True)
+    (old / "sweep.py").write_text(OLDER_SWEEP)
+    assert bench.one_sweep(old, "cuda:0", 3, True)[1] == [0.5, 0.6]  # the first one left out
+    order = []
+
+    def one_sweep(pipeline, device, points, fork):
+        name = "new" if pipeline == ROOT / "pipeline" else "old"
+        if name == "old":
+            assert (pipeline / "sweep.py").read_text() == OLDER_SWEEP
+            assert (pipeline.parent / "schemas").resolve() == ROOT / "schemas"
+        order.append((name, device, points, fork))
+        return (10.0, [0.5, 0.4, 0.6]) if name == "new" else (12.5, [0.6, 0.5, 0.7])
+
+    monkeypatch.setattr(bench, "one_sweep", one_sweep)
+    argv = ["--baseline-pipeline", str(old), "--rounds", "2", "--points", "4"]
+    assert bench.main(argv) == 0
+    assert order == [("new", "cuda:0", 4, True), ("old", "cuda:0", 4, True)] * 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3:] == [
+        "new: per point median 0.500 s over 6 points; whole sweeps [10.0, 10.0]",
+        "old: per point median 0.600 s over 6 points; whole sweeps [12.5, 12.5]",
+        "per point new/old 0.833 (target <= 1.1: met); whole new/old 0.800",
+    ]
+
+
+@without_a_gpu
+def test_the_sweep_benchmark_without_a_gpu_is_one_line_and_exit_2():
+    result = subprocess.run(
+        [sys.executable, str(BENCH_SWEEP), "--points", "2", "--forked-only"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("bench_sweep.py: error: ")
+    assert result.stderr.endswith(
+        " exited 2: mesure_memoire.py: error: no GPU is visible to "
+        "PyTorch: measure needs one and never uses the CPU\n"
+    )
+    assert result.stderr.count("\n") == 1
