@@ -1,133 +1,152 @@
-"""Fresh measurement processes at the price of CUDA start-up, not of `import torch`.
+"""Fresh processes for the kit script's commands, forked from a server that imported torch.
 
-The spec wants every measurement in a fresh process (its own CUDA context, its own caching
-allocator, counters starting from zero). A fresh interpreter pays `import torch` each time,
-seconds on a GPU host. A multiprocessing *forkserver* that has imported torch (and never
-touched CUDA) forks a child per measurement instead: the child gets a new process, a new
-CUDA context and a new allocator, but torch is already imported.
-
-Rules that keep the children fresh:
-- this process never imports torch, and the server only imports it: nothing here calls
-  torch.cuda (is_available() and device_count() would initialise the driver, and CUDA does
-  not survive a fork); each child checks that it did not inherit an initialised CUDA;
-- where the platform has no fork (spawn-only), each measurement runs in a fresh interpreter
-  instead, and the measurement's environment block says which way it was started.
-
-Two costs are kept off a sweep's critical path (measured on an H200: README, issue notes):
-- multiprocessing re-runs the parent's main script in every child (as `__mp_main__`); the
-  server therefore also preloads the pipeline modules the parent had imported (record,
-  validate, jsonschema, yaml for a sweep), so that re-run finds them already imported;
-- a child's exit destroys its CUDA context (about 0.1 s), and a fork made meanwhile was
-  seen to wait for it. So a child that has written its files holds its exit until wait();
-  `start(argv, after=earlier)` forks the next child first, then lets the earlier one exit
-  while the new one starts the CUDA driver (no context, no GPU memory), and lets the new
-  one create its context and measure only once the earlier process is gone.
+What it guarantees:
+- this process never imports torch; the fork server imports it and never touches CUDA, and
+  a child that finds CUDA initialised before its fork refuses (exit 2);
+- a child started `after` an earlier one measures only once that process has exited: its
+  fork and CUDA driver start overlap that exit, never its measurement;
+- every child is waited for, and a child whose parent stops before saying "measure"
+  measures nothing.
+Without fork (or with fork=False) each command is a fresh interpreter; the environment
+record of every measurement says which way its process started.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import subprocess
 import sys
+from multiprocessing import forkserver
 from pathlib import Path
+from typing import Protocol
+
+import mesure_memoire
 
 PIPELINE = Path(__file__).resolve().parent
 SCRIPT = PIPELINE / "mesure_memoire.py"
 FORKED = "forked from a server that had imported torch and never initialised CUDA"
-FRESH = "fresh interpreter"
-
-
-def _count_gpus(connection) -> None:
-    """Runs in a forked child: the parent must never ask torch.cuda itself."""
-    import torch
-
-    connection.send(torch.cuda.device_count() if torch.cuda.is_available() else 0)
-
-
+FRESH = mesure_memoire.FRESH_INTERPRETER
+HOLD_SECONDS = 5  # a child that has reported waits this long at most to be let go
+# What parent and child say on the child's pipe, in this order.
+READY, MEASURE, EXIT = "ready", "measure", "exit"
 COUNT_GPUS = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 
 
-HOLD_SECONDS = 5  # a child waits this long at most for the word to exit
+class Child(Protocol):
+    """A started command, forked or fresh."""
+
+    def result(self) -> int:
+        """Its exit code once its files are written (a forked child then holds its exit)."""
+        ...
+
+    def wait(self) -> int:
+        """Let it exit and wait for it: its exit code. Call it for every child."""
+        ...
 
 
-def _child(argv: list[str], gate, done) -> None:
-    """Runs in the forked child: the kit script's own main. Sends its exit code on `done`
-    once its files are written, then holds its exit until told (or HOLD_SECONDS). With a
-    `gate`, it says it is running, starts the CUDA driver, and measures only on the word."""
-    import mesure_memoire
-    import torch
+# ---------------------------------------------------------------- in the forked child
 
-    if torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork():
+
+def _forked_child(argv: list[str], parent) -> None:
+    """The child's side of the hand-over, in the order it happens. It says READY, starts the
+    CUDA driver (a context would hold GPU memory) and waits for MEASURE; it runs the kit
+    script, sends the exit code once the files are written, then holds its exit (the CUDA
+    context's teardown) until EXIT, so that the next child is forked before it."""
+    torch = sys.modules.get("torch")  # the server's import; if it failed, main() says why
+    if torch is not None and (torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork()):
         print("launcher: CUDA was initialised before the fork: refusing", file=sys.stderr)
         raise SystemExit(2)
-    if gate is not None:
-        gate.send("running")
-        # the driver only: no context, no memory on any GPU; no GPU or driver: main() says so
-        with contextlib.suppress(Exception):
+    parent.send(READY)
+    if torch is not None:
+        with contextlib.suppress(Exception):  # no GPU or driver: main() says so
             torch.cuda.init()
-        try:
-            gate.recv()
-        except (EOFError, KeyboardInterrupt):  # the parent stopped: measure nothing
-            raise SystemExit(130) from None
+    try:
+        told = parent.recv()
+    except (EOFError, KeyboardInterrupt):
+        told = None
+    if told != MEASURE:  # the parent stopped first
+        raise SystemExit(130)
     code = mesure_memoire.main(argv, process_start=FORKED)
-    with contextlib.suppress(OSError):  # a parent gone: the exit status still says it
-        done.send(code)
-        done.poll(HOLD_SECONDS)
+    with contextlib.suppress(OSError, KeyboardInterrupt):  # a parent gone: the status says it
+        parent.send(code)
+        parent.poll(HOLD_SECONDS)
     raise SystemExit(code)
 
 
-def _preload() -> list[str]:
-    """torch, and the pipeline modules this process has imported (see the module's notes)."""
-    ours = [
+def _count_gpus(parent) -> None:
+    """In a forked child: torch.cuda would start the driver, which no later fork survives."""
+    import torch
+
+    parent.send(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+# ---------------------------------------------------------------- in this process
+
+
+def _start_server(context) -> None:
+    """The server imports torch now, while this process goes on. multiprocessing runs this
+    process's main script again in every child, so the server also imports the pipeline
+    modules imported here, and that run finds them loaded (about 0.1 s a child). Before
+    Python 3.12.8 and 3.13.1 the server ignores sys.path (CPython gh-117378): PYTHONPATH
+    carries the pipeline folder to it, as that fix advises."""
+    ours = {
         name
         for name, module in list(sys.modules.items())
-        if Path(getattr(module, "__file__", None) or "/").parent == PIPELINE and name != "__main__"
-    ]
-    return ["torch", *sorted({"mesure_memoire", "launcher", *ours})]
+        if name != "__main__" and Path(getattr(module, "__file__", None) or "/").parent == PIPELINE
+    }
+    context.set_forkserver_preload(["torch", *sorted(ours)])
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(PIPELINE), *([saved] if saved else [])])
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 class Launcher:
-    """Starts `mesure_memoire.py` commands in fresh processes; forked when possible."""
+    """Starts `mesure_memoire.py` commands in fresh processes, forked when possible."""
 
     def __init__(self, fork: bool = True) -> None:
         self.context = None
         if fork and "forkserver" in multiprocessing.get_all_start_methods():
             self.context = multiprocessing.get_context("forkserver")
-            self.context.set_forkserver_preload(_preload())
-            # the server imports torch now, while this process goes on with other work
-            from multiprocessing import forkserver
-
-            if str(PIPELINE) not in sys.path:
-                sys.path.insert(0, str(PIPELINE))
-            forkserver.ensure_running()
+            _start_server(self.context)
         self.mode = FORKED if self.context else FRESH
 
-    def start(self, argv: list[str], after=None):
-        """Start one command; returns a handle: result() gives its exit code once its files
-        are written, wait() lets the process exit and waits for it (always call it). With
-        `after` (an earlier handle), returns once that process has exited, the new one
-        having been forked before it began to exit."""
+    def start(self, argv: list[str], after: Child | None = None) -> Child:
+        """Start one command; with `after` (an earlier child that has reported), returns once
+        that one has exited, the new one having been forked first."""
         if self.context is None:
             if after is not None:
                 after.wait()
             return _Fresh(subprocess.Popen([sys.executable, str(SCRIPT), *argv]))
-        gate, gate_child = self.context.Pipe() if after else (None, None)
-        done, done_child = self.context.Pipe()
-        process = self.context.Process(target=_child, args=(list(argv), gate_child, done_child))
-        process.start()
-        done_child.close()  # the child holds the only other end: EOF if it dies early
-        if after is not None:
-            gate_child.close()
-            try:
-                with contextlib.suppress(EOFError):
-                    gate.recv()  # forked and running: the earlier one may exit now
+        connection, child_end = self.context.Pipe()
+        process = self.context.Process(target=_forked_child, args=(list(argv), child_end))
+        try:
+            process.start()
+        except (EOFError, ConnectionError):  # the server died: import torch raised, not ImportError
+            raise mesure_memoire.UsageError(
+                f"the fork server of {sys.executable} stopped: PyTorch failed to import (above)"
+            ) from None
+        finally:
+            child_end.close()  # the child holds the only other end: EOF if it dies
+        try:
+            with contextlib.suppress(EOFError):  # dead already: result() gives its status
+                connection.recv()  # READY: forked and running
+            if after is not None:
                 after.wait()
-                with contextlib.suppress(OSError):
-                    gate.send("measure")
-            finally:
-                gate.close()  # without the word, the child measures nothing and exits
-        return _Forked(process, done)
+            with contextlib.suppress(OSError):
+                connection.send(MEASURE)
+        except BaseException:  # Ctrl-C: without MEASURE, the child measures nothing
+            connection.close()
+            process.join()
+            raise
+        return _Forked(process, connection)
 
     def run(self, argv: list[str]) -> int:
         return self.start(argv).wait()
@@ -140,45 +159,50 @@ class Launcher:
             )
             text = probe.stdout.strip()
             return int(text) if probe.returncode == 0 and text.isdigit() else None
-        receiver, sender = self.context.Pipe(duplex=False)
-        process = self.context.Process(target=_count_gpus, args=(sender,))
+        connection, child_end = self.context.Pipe()
+        process = self.context.Process(target=_count_gpus, args=(child_end,))
         process.start()
-        sender.close()
+        child_end.close()
         try:
-            return receiver.recv()
+            return connection.recv()
         except EOFError:
             return None
         finally:
+            connection.close()
             process.join()
 
 
-class _Fresh:
+class _Fresh(Child):
+    """A fresh interpreter: it reports by exiting."""
+
     def __init__(self, popen: subprocess.Popen) -> None:
         self.popen = popen
+
+    def result(self) -> int:
+        return self.popen.wait()
 
     def wait(self) -> int:
         return self.popen.wait()
 
-    result = wait  # a fresh interpreter reports by exiting
 
+class _Forked(Child):
+    """A forked child and the parent's end of its pipe (the messages: _forked_child)."""
 
-class _Forked:
-    def __init__(self, process, done) -> None:
-        self.process, self.done = process, done
+    def __init__(self, process, connection) -> None:
+        self.process, self.connection = process, connection
+        self.code: int | None = None
 
     def result(self) -> int:
-        if self.done.closed:
-            return self.wait()
-        try:
-            return self.done.recv()
-        except EOFError:  # it died before reporting: its exit status says how
-            return self.wait()
+        if self.code is None and not self.connection.closed:
+            with contextlib.suppress(EOFError):  # died before reporting: its status says how
+                self.code = self.connection.recv()
+        return self.wait() if self.code is None else self.code
 
     def wait(self) -> int:
-        if not self.done.closed:
+        if not self.connection.closed:
             with contextlib.suppress(OSError):
-                self.done.send("exit")
-            self.done.close()
+                self.connection.send(EXIT)
+            self.connection.close()
         self.process.join()
         code = self.process.exitcode
-        return 128 - code if code < 0 else code  # killed by a signal: shell convention
+        return 128 - code if code < 0 else code  # killed by a signal: the shell's convention

@@ -1,16 +1,15 @@
-"""Raise one dimension at a time (spec rule 14) until the GPU runs out of memory or a bound.
+"""Raise one dimension at a time, the others fixed, until the GPU runs out of memory or a bound.
 
     python3 pipeline/sweep.py --device cuda:0 --vary width --start 64 --factor 2 --until-oom
-    python3 pipeline/sweep.py --device cuda:0 --plan data/plans/width-until-oom.yaml
+    python3 pipeline/sweep.py --device cuda:0 --plan data/plans/context-until-oom.yaml
 
-Each point is a fresh measurement process (forked by launcher.py) with its own run folder
-under runs/, validated and appended to runs/resultats-bruts.csv while the next point
-measures (its process starts as the previous one exits: launcher.py). A point's folder appears
-only once it is whole (it is built under a hidden name, then renamed), so Ctrl-C leaves
-whole runs only. The sweep itself is summarised in runs/<id>-sweep/sweep.json: the largest
+Each point is a fresh measurement process (launcher.py) with its own run folder under runs/,
+validated and appended to runs/resultats-bruts.csv while the next point measures. A point's
+folder appears only once whole (it is built under a hidden name, then renamed), so Ctrl-C
+leaves whole runs only. runs/<id>-sweep/sweep.json summarises the sweep: the largest
 configuration that fitted, its peaks, and predicted against measured counters per point.
 Exit 0 done (an out-of-memory point ends a sweep normally), 1 a point failed validation,
-2 bad input, 130 interrupted.
+2 bad input or a refused measurement, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -21,10 +20,12 @@ import math
 import os
 import re
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
 
+import cli
 import launcher
 import mesure_memoire
 import record
@@ -33,19 +34,10 @@ import validate
 import yaml
 
 DIMENSIONS = ("batch", "context", "width")
-SIZES = ("batch", "context", "width", "dtype", "warmup", "repeats")
+SIZES = tuple(mesure_memoire.CONFIGURATION_DEFAULTS)
 HARD_CAP = 64  # --until-oom on a card larger than any today still stops
-INTERRUPTED = "interrupted (Ctrl-C): every point listed is a whole run"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise SystemExit(usage_error(message))
-
-
-def usage_error(message: str) -> int:
-    print(f"sweep.py: error: {message}", file=sys.stderr)
-    return 2
+INTERRUPTED = "it was interrupted (Ctrl-C): every point listed is a whole run"
+GIB, MIB = 2**30, 2**20
 
 
 def factor(text: str) -> float:
@@ -61,29 +53,23 @@ def fraction(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sweep.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", required=True, help="cuda:N")
+    parser = cli.Parser(prog="sweep.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", required=True, help="cuda or cuda:N")
     parser.add_argument("--plan", help="a YAML plan under data/plans/ (instead of the flags)")
     parser.add_argument("--vary", choices=DIMENSIONS)
     parser.add_argument("--start", type=mesure_memoire.positive_int)
     parser.add_argument("--factor", type=factor, help="next = ceil(current x factor)")
-    stop = parser.add_mutually_exclusive_group()
-    stop.add_argument("--until-oom", action="store_true")
-    stop.add_argument("--max-steps", type=mesure_memoire.positive_int)
-    stop.add_argument(
+    bound = parser.add_mutually_exclusive_group()
+    bound.add_argument("--until-oom", action="store_true")
+    bound.add_argument("--max-steps", type=mesure_memoire.positive_int)
+    bound.add_argument(
         "--memory-fraction",
         type=fraction,
         help="stop before a point whose predicted peak reserved exceeds X x memory",
     )
-    for name, default in (
-        ("batch", 1),
-        ("context", 16),
-        ("width", 64),
-        ("warmup", 1),
-        ("repeats", 2),
-    ):
-        parser.add_argument(f"--{name}", type=mesure_memoire.positive_int, default=default)
-    parser.add_argument("--dtype", choices=sorted(mesure_memoire.DTYPE_BYTES), default="float32")
+    mesure_memoire.add_configuration(
+        parser.add_argument_group("the base configuration (the varied one starts at --start)")
+    )
     parser.add_argument("--runs-dir", default=str(run_folders.RUNS), help=argparse.SUPPRESS)
     parser.add_argument("--no-fork", action="store_true", help="fresh interpreters instead")
     return parser
@@ -95,13 +81,13 @@ def load_plan(path: str, registry) -> dict:
         plan = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"{path}: cannot read the plan ({first})") from None
+        raise cli.UsageError(f"{path}: cannot read the plan ({first})") from None
     if not isinstance(plan, dict):
-        raise ValueError(f"{path}: a plan is a mapping")
+        raise cli.UsageError(f"{path}: a plan is a mapping")
     plan.setdefault("schema", "urn:iteragpu-lab:schema:sweep-plan:v1")
     errors = validate.validate_document(plan, registry)
     if errors:
-        raise ValueError(f"{path}: {errors[0]}")
+        raise cli.UsageError(f"{path}: {errors[0]}")
     return plan
 
 
@@ -109,55 +95,99 @@ def plan_from(args: argparse.Namespace, registry) -> dict:
     if args.plan:
         return load_plan(args.plan, registry)
     if not (args.vary and args.start and args.factor):
-        raise ValueError("give --plan, or --vary, --start and --factor")
+        raise cli.UsageError("give --plan, or --vary, --start and --factor")
     if not (args.until_oom or args.max_steps or args.memory_fraction):
-        raise ValueError("give a bound: --until-oom, --max-steps K or --memory-fraction X")
-    stop = (
+        raise cli.UsageError("give a bound: --until-oom, --max-steps K or --memory-fraction X")
+    bound = (
         {"until_oom": True}
         if args.until_oom
         else {"max_steps": args.max_steps}
         if args.max_steps
         else {"memory_fraction": args.memory_fraction}
     )
-    base = {name: getattr(args, name) for name in SIZES}
     return {
         "schema": "urn:iteragpu-lab:schema:sweep-plan:v1",
         "vary": args.vary,
         "start": args.start,
         "factor": args.factor,
-        "stop": stop,
-        "base": base,
+        "stop": bound,
+        "base": {name: getattr(args, name) for name in SIZES},
     }
 
 
-def progress(step: int, total: int | None, text: str) -> None:
-    if total:
-        filled = round(20 * step / total)
-        bar = "#" * filled + "." * (20 - filled)
-        print(f"[{bar}] {step}/{total} {text}", flush=True)
+# ---------------------------------------------------------------- what the user reads
+
+
+def size(count: int | None) -> str:
+    """Bytes as a person reads them: GiB with two decimals, MiB below one GiB."""
+    if count is None:
+        return "an unknown size"
+    return f"{count / GIB:.2f} GiB" if count >= GIB else f"{count / MIB:.1f} MiB"
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def report_progress(step: int, bound: int | None, vary: str, points: list[dict], elapsed: float):
+    """One line per point: what it measured, how long the sweep has run, and what is left
+    (the median point times the steps left, where --max-steps bounds them)."""
+    point = points[-1]
+    walls = [p["wall_seconds"] for p in points[1:]] or [point["wall_seconds"]]
+    per_point = statistics.median(walls)  # the first point also waited for PyTorch to load
+    if bound:
+        filled = round(20 * step / bound)
+        head = f"[{'#' * filled}{'.' * (20 - filled)}] {step}/{bound}"
+        left = f"about {duration(per_point * (bound - step))} left" if step < bound else "done"
     else:
-        print(f"[{step}] {text}", flush=True)
+        head = f"[{step}]"
+        left = f"{per_point:.2f} s a point"
+    print(
+        f"{head} {vary} {point['configuration'][vary]}: {point['status'].replace('_', ' ')}, "
+        f"peak reserved {size(point['peak_reserved_bytes'])} "
+        f"(predicted {size(point['predicted_peak_reserved_bytes'])}), "
+        f"{point['wall_seconds']:.2f} s; elapsed {duration(elapsed)}, {left}",
+        flush=True,
+    )
 
 
-def predicted_peak_reserved(configuration: dict, blocks: list[dict]) -> int:
-    rows = mesure_memoire.predict_phases(configuration, blocks)
-    return max(row["peak_reserved_bytes"] for row in rows)
+def final_line(vary: str, points: list[dict], reason: str, summary: Path) -> str:
+    fitted = [p for p in points if p["status"] == "completed"]
+    largest = (
+        f"largest that fitted {vary} {fitted[-1]['configuration'][vary]} at "
+        f"{size(fitted[-1]['peak_reserved_bytes'])} peak reserved"
+        if fitted
+        else "none fitted"
+    )
+    counted = f"{len(points)} point{'' if len(points) == 1 else 's'} measured"
+    return f"sweep of {vary}: {counted}, {largest}; stopped because {reason}; summary in {summary}"
+
+
+# ---------------------------------------------------------------- the points
 
 
 class Point:
     """One point: a fresh measurement process writing into a hidden folder, renamed to
-    <runs>/<id>/ once whole. Started `after` the previous point, its CUDA driver start-up
-    overlaps that process's exit; its row is appended while the next point measures."""
+    <runs>/<id>/ once whole, so that no folder named by a run id is ever half written."""
 
-    def __init__(self, runner, runs_dir: Path, device: str, configuration: dict, after=None):
+    def __init__(self, runs_dir: Path, device: str, configuration: dict) -> None:
         self.run_id = run_folders.new_run_id()
         self.folder = runs_dir / f".{self.run_id}.partial"
-        self.folder.mkdir()
-        argv = ["measure", "--device", device, "--output", str(self.folder / "measurement.json")]
+        output = str(self.folder / "measurement.json")
+        self.argv = ["measure", "--device", device, "--output", output]
         for name in SIZES:
-            argv += [f"--{name}", str(configuration[name])]
+            self.argv += [f"--{name}", str(configuration[name])]
+        self.child: launcher.Child | None = None
+
+    @property
+    def whole(self) -> bool:
+        return not self.folder.name.endswith(".partial")
+
+    def start(self, runner: launcher.Launcher, after: Point | None) -> None:
+        """Its process, forked while `after`'s holds its exit; returns once that one is gone."""
+        self.folder.mkdir()
         try:
-            self.handle = runner.start(argv, after=after.handle if after else None)
+            self.child = runner.start(self.argv, after=after.child if after else None)
         except BaseException:
             shutil.rmtree(self.folder)
             raise
@@ -165,7 +195,7 @@ class Point:
     def finish(self) -> int:
         """The exit code once the files are written; the folder is then whole, or removed."""
         try:
-            code = self.handle.result()
+            code = self.child.result()
         except BaseException:
             self.discard()
             raise
@@ -178,102 +208,45 @@ class Point:
         return code
 
     def discard(self) -> None:
-        """Not kept: wait for the process, then remove the hidden folder it wrote into."""
-        self.handle.wait()
-        if self.folder.name.endswith(".partial"):  # never a whole run
+        """Not kept: let its process exit, then remove the hidden folder it wrote into."""
+        if self.child is not None:
+            self.child.wait()
+        if not self.whole:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def record_point(point: Point, points: list[dict]) -> str | None:
     """Let its process go, then validate and append its row (record.py); a point that does
     not record leaves the summary too. None when done, else why not."""
-    point.handle.wait()
+    point.child.wait()
     if record.main([str(point.folder)]) != 0:
         points.pop()
-        return f"{point.folder.name} did not validate or record"
+        return f"run {point.folder.name} did not validate or record"
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    registry = validate.load_registry()
-    try:
-        plan = plan_from(args, registry)
-    except ValueError as exc:
-        return usage_error(str(exc))
-    if not re.fullmatch(r"cuda:[0-9]+", args.device):
-        return usage_error(f"--device: expected cuda:N, got {args.device!r}")
-    runs_dir = Path(args.runs_dir)
-    stop = plan["stop"]
-    total = stop.get("max_steps")
-    runner = launcher.Launcher(fork=not args.no_fork)
-    sweep_dir = runs_dir / f"{run_folders.new_run_id()}-sweep"
-    configuration = dict(plan["base"], **{plan["vary"]: plan["start"]})
-    points, reason, exit_code = [], None, 0
-    started = last = time.perf_counter()
-    measured = running = None  # measured: summarised, its row not yet appended
-    try:
-        for step in range(1, (total or HARD_CAP) + 1):
-            if "memory_fraction" in stop and points and points[-1]["library_blocks"] is not None:
-                limit = stop["memory_fraction"] * points[-1]["total_memory_bytes"]
-                expected = predicted_peak_reserved(configuration, points[-1]["library_blocks"])
-                if expected > limit:
-                    reason = (
-                        f"the next point's predicted peak reserved, {expected} bytes, "
-                        f"exceeds {stop['memory_fraction']} of the GPU's memory"
-                    )
-                    break
-            running = Point(runner, runs_dir, args.device, configuration, after=measured)
-            if measured is not None:
-                failure, measured = record_point(measured, points), None
-                if failure:
-                    reason, exit_code = failure, 1
-                    break
-            code = running.finish()
-            finished, running = running, None
-            if code not in (0, 3):
-                finished.handle.wait()
-                reason, exit_code = f"the measurement exited {code}", code
-                break
-            now = time.perf_counter()
-            point = summarise_point(finished.folder, configuration, now - last)
-            points.append(point)
-            measured, last = finished, now
-            progress(
-                step,
-                total,
-                f"{plan['vary']}={configuration[plan['vary']]} "
-                f"{point['status']} peak allocated {point['peak_allocated_bytes']} B "
-                f"(predicted {point['predicted_peak_allocated_bytes']}) "
-                f"{point['wall_seconds']:.2f} s",
-            )
-            if point["status"] == "out_of_memory":
-                reason = "the GPU ran out of memory"
-                break
-            current = configuration[plan["vary"]]
-            configuration[plan["vary"]] = max(current + 1, math.ceil(current * plan["factor"]))
-        else:
-            reason = f"{total or HARD_CAP} steps done"
-    except KeyboardInterrupt:
-        reason, exit_code = INTERRUPTED, 130
-    try:
-        if running is not None:
-            running.discard()  # started, then not kept: a sweep that stops leaves no half run
-        if measured is not None:
-            failure = record_point(measured, points)
-            if failure:
-                reason, exit_code = failure, 1
-    except KeyboardInterrupt:
-        reason, exit_code = INTERRUPTED, 130
-    if not points and exit_code not in (0, 130):
-        print(
-            f"sweep.py: error: the first point failed ({reason}): nothing written", file=sys.stderr
-        )
-        return exit_code
-    write_summary(
-        sweep_dir, plan, args.device, runner.mode, points, reason, time.perf_counter() - started
+def next_value(current: int, factor: float) -> int:
+    """current x factor, rounded up; at least one more, so that a small factor still moves."""
+    return max(current + 1, math.ceil(current * factor))
+
+
+def predicted_too_large(plan: dict, configuration: dict, points: list[dict]) -> str | None:
+    """With --memory-fraction: why the next point is not started, from its peak reserved
+    predicted with the last point's library blocks; None to go on."""
+    last = points[-1] if points else None
+    if "memory_fraction" not in plan["stop"] or last is None or last["library_blocks"] is None:
+        return None
+    memory, share = last["total_memory_bytes"], plan["stop"]["memory_fraction"]
+    if memory is None:
+        return None
+    rows = mesure_memoire.predict_phases(configuration, last["library_blocks"])
+    expected = max(row["peak_reserved_bytes"] for row in rows)
+    if expected <= share * memory:
+        return None
+    return (
+        f"the next point's predicted peak reserved, {size(expected)} ({expected} bytes), "
+        f"exceeds {share} of the GPU's memory ({size(memory)})"
     )
-    return exit_code
 
 
 def summarise_point(folder: Path, configuration: dict, seconds: float) -> dict:
@@ -301,7 +274,7 @@ def summarise_point(folder: Path, configuration: dict, seconds: float) -> dict:
     }
 
 
-def write_summary(sweep_dir, plan, device, mode, points, reason, seconds) -> None:
+def write_summary(sweep_dir: Path, plan, device, mode, points, reason, seconds) -> Path:
     fitted = [p for p in points if p["status"] == "completed"]
     summary = {
         "schema": "urn:iteragpu-lab:schema:sweep:v1",
@@ -314,16 +287,88 @@ def write_summary(sweep_dir, plan, device, mode, points, reason, seconds) -> Non
         "points": points,
     }
     sweep_dir.mkdir()
-    with open(sweep_dir / "sweep.json", "x", encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2)
-        handle.write("\n")
-    print(f"{sweep_dir}: {len(points)} points; stopped because {reason}")
-    if fitted:
-        best = fitted[-1]
-        print(
-            f"largest that fitted: {best['configuration']} peak allocated "
-            f"{best['peak_allocated_bytes']} B, peak reserved {best['peak_reserved_bytes']} B"
-        )
+    path = sweep_dir / "sweep.json"
+    cli.write_new(path, (json.dumps(summary, indent=2) + "\n").encode())
+    return path
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    registry = validate.load_registry()
+    plan = plan_from(args, registry)
+    device = f"cuda:{mesure_memoire.device_index(cli.device(args.device))}"
+    runs_dir = cli.existing_folder(Path(args.runs_dir))
+    vary, bound = plan["vary"], plan["stop"].get("max_steps")
+    runner = launcher.Launcher(fork=not args.no_fork)
+    loading = (
+        "loading PyTorch, once for every point"
+        if runner.mode == launcher.FORKED
+        else "every point loads PyTorch in a fresh interpreter"
+    )
+    print(f"sweep of {vary} on {device}: {loading}...", flush=True)
+    sweep_dir = runs_dir / f"{run_folders.new_run_id()}-sweep"
+    configuration = dict(plan["base"], **{vary: plan["start"]})
+    points: list[dict] = []
+    reason, exit_code = "", cli.OK
+    started = last = time.perf_counter()
+    measured = running = None  # measured: whole and summarised, its row not yet appended
+    try:
+        for step in range(1, (bound or HARD_CAP) + 1):
+            reason = predicted_too_large(plan, configuration, points)
+            if reason:
+                break
+            running = Point(runs_dir, device, configuration)
+            running.start(runner, after=measured)
+            if measured is not None:  # recorded while the new point measures
+                reason, measured = record_point(measured, points), None
+                if reason:
+                    exit_code = cli.INVALID
+                    break
+            code = running.finish()
+            finished, running = running, None
+            if code not in (cli.OK, cli.OUT_OF_MEMORY) or not finished.whole:
+                finished.discard()
+                reason = f"the measurement exited {code}"
+                exit_code = cli.INVALID if code in (cli.OK, cli.OUT_OF_MEMORY) else code
+                break
+            now = time.perf_counter()
+            points.append(summarise_point(finished.folder, configuration, now - last))
+            measured, last = finished, now
+            report_progress(step, bound, vary, points, now - started)
+            if points[-1]["status"] == "out_of_memory":
+                reason = f"the GPU ran out of memory at {vary} {configuration[vary]}"
+                break
+            configuration[vary] = next_value(configuration[vary], plan["factor"])
+        else:
+            reason = f"--max-steps {bound} was reached" if bound else f"{HARD_CAP} steps were done"
+    except KeyboardInterrupt:
+        reason, exit_code = INTERRUPTED, cli.INTERRUPTED
+    try:
+        if running is not None:
+            running.discard()  # started, then not kept: a sweep that stops leaves no half run
+        if measured is not None:
+            failure = record_point(measured, points)
+            if failure:
+                reason, exit_code = failure, cli.INVALID
+    except KeyboardInterrupt:
+        reason, exit_code = INTERRUPTED, cli.INTERRUPTED
+    if not points and exit_code not in (cli.OK, cli.INTERRUPTED):
+        if exit_code != cli.USAGE:  # a refused measurement has said why, in one line
+            print(
+                f"sweep.py: error: the first point failed ({reason}): nothing written",
+                file=sys.stderr,
+            )
+        return exit_code
+    seconds = time.perf_counter() - started
+    summary = write_summary(sweep_dir, plan, device, runner.mode, points, reason, seconds)
+    print(final_line(vary, points, reason, summary), flush=True)
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run("sweep.py", lambda: run_sweep(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

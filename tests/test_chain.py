@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import chain
+import launcher
 import pytest
 import run_folders
 import runfixtures
@@ -90,7 +91,7 @@ def test_the_chain_stops_at_the_measurement_without_a_gpu(tmp_path):
 def test_one_fresh_chain_per_gpu_side_by_side(tmp_path, monkeypatch):
     """--device all with two GPUs pretended: two real child chains, cuda:0 and cuda:1, each
     with its own folder; both stop at the measurement here, and the worst code comes back."""
-    monkeypatch.setattr(chain, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(chain, "visible_gpus", lambda runner: 2)
     code = chain.main(["--device", "all", "--runs-dir", str(tmp_path), "--width", "32"])
     assert code == 2
     made = folders(tmp_path)
@@ -104,6 +105,26 @@ def test_one_fresh_chain_per_gpu_side_by_side(tmp_path, monkeypatch):
 
 
 @needs_cpu_torch
+def test_a_chain_after_a_device_all_one_still_measures_in_a_fresh_interpreter(
+    tmp_path, monkeypatch
+):
+    """Each chain owns its launcher: none outlives the chain that made it, so a one-device
+    chain run later in the same process is not handed the forking one."""
+    monkeypatch.setattr(chain, "visible_gpus", lambda runner: 1)
+    every, one = tmp_path / "all", tmp_path / "one"
+    every.mkdir()
+    one.mkdir()
+    assert chain.main(["--device", "all", "--runs-dir", str(every)]) == 2
+    assert chain.main(["--device", "cuda:0", "--runs-dir", str(one)]) == 2
+    [forked], [fresh] = folders(every), folders(one)
+    starts = [
+        json.loads((folder / "environment.json").read_bytes())["environment"]["process_start"]
+        for folder in (forked, fresh)
+    ]
+    assert starts == [launcher.FORKED, "fresh interpreter"]
+
+
+@needs_cpu_torch
 def test_device_all_without_a_gpu_is_one_line_and_creates_nothing(tmp_path):
     result = run_script("chain.py", "--device", "all", "--runs-dir", str(tmp_path))
     assert result.returncode == 2
@@ -114,7 +135,7 @@ def test_device_all_without_a_gpu_is_one_line_and_creates_nothing(tmp_path):
 def replay_h200(monkeypatch, measurement: str, code: int) -> None:
     """The GPU steps replaced by the real H200 outputs they gave (exit codes included)."""
 
-    def run_steps(commands: list[list[str]]) -> list[int]:
+    def run_steps(runner, commands: list[list[str]]) -> list[int]:
         for _command, *argv in commands:
             environment = argv[argv.index("--environment-output") + 1]
             shutil.copyfile(runfixtures.H200 / "env.json", environment)
@@ -199,18 +220,18 @@ def test_run_ids_sort_by_time_and_match_the_row_schema():
 
 
 @pytest.mark.parametrize(
-    ("codes", "worst"),
+    ("codes", "expected"),
     [([0, 0], 0), ([0, 3], 3), ([3, 2, 0], 2), ([1, 2], 2), ([137, 2], 137), ([3, 1], 1)],
 )
-def test_the_worst_exit_code_wins(codes, worst):
-    assert chain.worst(codes) == worst
+def test_the_most_severe_exit_code_wins(codes, expected):
+    assert chain.most_severe(codes) == expected
 
 
 def test_the_stages_start_without_torch_or_yaml():
     """They run after every measurement: start-up stays small."""
     program = (
         f"import sys; sys.path.insert(0, {str(PIPELINE)!r})\n"
-        "import chain, record, merge, validate, runs\n"
+        "import chain, record, merge, validate, run_folders\n"
         "print(sorted({'torch', 'yaml'} & set(sys.modules)))"
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
@@ -323,7 +344,7 @@ def test_on_a_gpu_nox_measure_uses_the_runs_directory_it_is_given(tmp_path):
 
 @pytest.mark.gpu
 def test_on_a_gpu_device_all_gives_one_row_per_gpu(tmp_path):
-    count = chain.visible_gpus()
+    count = chain.visible_gpus(launcher.Launcher())
     result = run_script("chain.py", "--device", "all", "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     made = folders(tmp_path)

@@ -1,4 +1,5 @@
-"""mesure_memoire.py measure on a real GPU (marked `gpu`; skipped where none is visible).
+"""mesure_memoire.py measure on a real GPU (marked `gpu`; skipped where none is visible),
+and sweeps through the launcher's hand-over.
 
 Each measurement runs in a fresh process: its own CUDA context and allocator counters."""
 
@@ -9,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import launcher
+import mesure_memoire
 import pytest
 import validate
 from conftest import PIPELINE, run_script
@@ -178,3 +181,66 @@ def test_a_model_the_host_cannot_build_is_one_line_exit_2_not_a_traceback(tmp_pa
         "mesure_memoire.py: error: --width 10000000000: the host could not build the model ("
     )
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ sweeps, through the launcher
+
+
+def sweep_folders(runs_dir):
+    """The sweep's summary and its run folders, with no half-written one left."""
+    [summary_file] = runs_dir.glob("*-sweep/sweep.json")
+    assert validate.validate_json(summary_file.read_bytes(), REGISTRY) == []
+    assert not list(runs_dir.glob(".*"))
+    runs = sorted(p for p in runs_dir.iterdir() if p.is_dir() and p != summary_file.parent)
+    return json.loads(summary_file.read_text()), runs
+
+
+def logged(runs_dir) -> list[dict]:
+    parsed, problems = validate.parse_log(
+        (runs_dir / "resultats-bruts.csv").read_bytes(), validate.kit_header()
+    )
+    assert problems == []
+    return [row for _, row in parsed]
+
+
+def test_a_sweep_hands_each_point_over_to_the_next_through_the_real_launcher(tmp_path):
+    """Four points, each a child forked while the previous one held its exit: every point is
+    a whole, valid, forked run in the log, and each measured only once the previous process
+    had gone (the GPU's free memory at its start does not hold the previous context)."""
+    argv = ["--device", "cuda:0", "--vary", "width", "--start", "64", "--factor", "2"]
+    result = run_script("sweep.py", *argv, "--max-steps", "4", "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    summary, runs = sweep_folders(tmp_path)
+    points = summary["points"]
+    assert [p["configuration"]["width"] for p in points] == [64, 128, 256, 512]
+    assert [p["status"] for p in points] == ["completed"] * 4
+    assert summary["stopped_because"] == "--max-steps 4 was reached"
+    assert summary["process_start"] == launcher.FORKED
+    assert sorted(p["run"] for p in points) == [folder.name for folder in runs]
+    assert [row["run_id"] for row in logged(tmp_path)] == [p["run"] for p in points]
+    free = []
+    for folder in runs:
+        assert sorted(p.name for p in folder.iterdir()) == ["measurement.json"]
+        document = json.loads((folder / "measurement.json").read_text())
+        phases = [row["phase"] for row in document["phases"]]
+        assert phases == [*mesure_memoire.FIXED_PHASES, "warm_forward", "warm_forward"]
+        assert document["environment"]["process_start"] == launcher.FORKED
+        free.append(document["environment"]["gpu"]["free_memory_bytes_at_start"])
+    assert max(free) - min(free) < 256 * 2**20, free  # a CUDA context alone is more
+    assert result.stdout.splitlines()[-1].startswith(
+        "sweep of width: 4 points measured, largest that fitted width 512 at "
+    )
+
+
+def test_a_sweep_that_runs_out_of_memory_records_that_point_and_exits_0(tmp_path):
+    """Context 2**24 fits an H200 (about 40 GiB); 2**26 does not (its first pass needs about
+    150 GiB): the second point is an out-of-memory result, recorded, and the sweep's end."""
+    argv = ["--device", "cuda:0", "--vary", "context", "--start", str(2**24), "--factor", "4"]
+    result = run_script("sweep.py", *argv, "--until-oom", "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    summary, runs = sweep_folders(tmp_path)
+    assert [p["status"] for p in summary["points"]] == ["completed", "out_of_memory"]
+    assert summary["stopped_because"] == f"the GPU ran out of memory at context {2**26}"
+    assert summary["largest_fitted"]["configuration"]["context"] == 2**24
+    assert len(runs) == 2
+    assert [row["status"] for row in logged(tmp_path)] == ["completed", "out_of_memory"]

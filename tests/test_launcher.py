@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
+import multiprocessing
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
+import launcher
 import pytest
-from conftest import PIPELINE, ROOT
+import validate
+from conftest import PIPELINE, ROOT, cuda_available
 
 pytest.importorskip("torch")
+without_a_gpu = pytest.mark.skipif(cuda_available(), reason="shows what happens without a GPU")
 
 
 def launch(code: str) -> subprocess.CompletedProcess:
@@ -44,10 +51,11 @@ def test_children_run_the_kit_script_and_the_parent_never_imports_torch(tmp_path
 
 
 def test_a_refused_measurement_keeps_its_exit_code_and_writes_nothing(tmp_path):
+    """No host has a 65th GPU (and one without a GPU refuses any)."""
     out = tmp_path / "m.json"
     result = launch(f"""
         import launcher
-        print(launcher.Launcher().run(["measure", "--device", "cuda:0", "--output", {str(out)!r}]))
+        print(launcher.Launcher().run(["measure", "--device", "cuda:64", "--output", {str(out)!r}]))
     """)
     assert result.stdout.splitlines()[-1] == "2"
     assert not out.exists()
@@ -66,10 +74,10 @@ def test_without_fork_each_command_is_a_fresh_interpreter(tmp_path):
 
 def test_only_the_forked_child_touches_torch():
     """torch.cuda.is_available() and friends initialise the driver: CUDA then breaks in every
-    later fork. Only `_child` and `_count_gpus`, run after the fork, may name torch."""
+    later fork. Only `_forked_child` and `_count_gpus`, run after the fork, may name torch."""
     tree = ast.parse((PIPELINE / "launcher.py").read_text())
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name not in {"_child", "_count_gpus"}:
+        if isinstance(node, ast.FunctionDef) and node.name not in {"_forked_child", "_count_gpus"}:
             names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
             imports = {a.name for n in ast.walk(node) if isinstance(n, ast.Import) for a in n.names}
             assert "torch" not in names | imports, node.name
@@ -81,7 +89,10 @@ def test_gpus_are_counted_in_a_child():
         print(launcher.Launcher().count_gpus(), launcher.Launcher(fork=False).count_gpus())
         print("torch" in sys.modules)
     """)
-    assert result.stdout.split() == ["0", "0", "False"], result.stderr
+    import torch
+
+    count = str(torch.cuda.device_count()) if cuda_available() else "0"
+    assert result.stdout.split() == [count, count, "False"], result.stderr
 
 
 def test_a_child_started_after_another_measures_only_once_that_one_has_exited(tmp_path):
@@ -107,6 +118,8 @@ def test_a_child_started_after_another_measures_only_once_that_one_has_exited(tm
 
 
 def test_a_parent_interrupted_while_waiting_leaves_the_child_measuring_nothing(tmp_path):
+    """The child was forked and waits for the word to measure: it never comes, the child
+    exits without writing, and it has been waited for when start() gives up."""
     out = tmp_path / "environment.json"
     result = launch(f"""
         import multiprocessing, launcher
@@ -119,23 +132,52 @@ def test_a_parent_interrupted_while_waiting_leaves_the_child_measuring_nothing(t
                          after=Interrupted())
         except KeyboardInterrupt:
             print("interrupted")
-        print([child.join() or child.exitcode for child in multiprocessing.active_children()])
+        print(multiprocessing.active_children())
     """)
-    assert result.stdout.splitlines()[-2:] == ["interrupted", "[130]"], result.stderr
+    assert result.stdout.splitlines()[-2:] == ["interrupted", "[]"], result.stderr
     assert not out.exists()
 
 
-def test_the_server_preloads_torch_and_the_pipeline_modules_the_parent_imported():
-    """multiprocessing re-runs the parent's main script in each child: whatever it imports
-    must already be there, or each sweep point pays for jsonschema and yaml again."""
-    result = launch("""
-        import launcher, record
-        print(launcher._preload())
-    """)
-    preload = ast.literal_eval(result.stdout.splitlines()[-1])
-    assert preload[0] == "torch"
-    assert {"launcher", "mesure_memoire", "record", "validate", "run_folders"} <= set(preload)
-    assert "__main__" not in preload
+def test_a_child_that_finds_cuda_initialised_refuses_before_anything(monkeypatch, capsys):
+    """CUDA does not survive a fork: such a child says so and exits 2, without even saying
+    it is ready (the parent then gets that exit code from result())."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    parent, child = multiprocessing.Pipe()
+    parent.send(launcher.EXIT)  # a child that went on would stop at its wait for the word
+    with pytest.raises(SystemExit) as exited:
+        launcher._forked_child(["estimate", "--parameters", "7", "--bits", "4"], child)
+    assert exited.value.code == 2
+    assert capsys.readouterr() == ("", "launcher: CUDA was initialised before the fork: refusing\n")
+    assert not parent.poll()
+
+
+def test_a_child_finds_the_modules_of_the_parent_main_script_already_loaded(tmp_path):
+    """multiprocessing runs the parent's main script again in each child (as __mp_main__):
+    its imports must come from the server, or each sweep point pays for record, validate
+    and yaml again. Run from a folder where the pipeline is not importable by itself, as
+    `nox -s sweep` is; PYTHONPATH is left as it was."""
+    script = tmp_path / "main.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, sys
+        if __name__ == "__mp_main__":
+            print("child:", "sweep" in sys.modules, "yaml" in sys.modules, flush=True)
+        sys.path.insert(0, {str(PIPELINE)!r})
+        import launcher, sweep
+        if __name__ == "__main__":
+            runner = launcher.Launcher()
+            print("parent:", os.environ.get("PYTHONPATH"), flush=True)
+            print("parent:", runner.run(["estimate", "--parameters", "7", "--bits", "4"]))
+        """)
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    said = [line for line in result.stdout.splitlines() if line.startswith(("child:", "parent:"))]
+    assert said == ["parent: None", "child: True True", "parent: 0"], result.stderr
 
 
 def test_a_child_holds_its_exit_after_reporting_until_waited_for():
@@ -155,3 +197,61 @@ def test_a_child_holds_its_exit_after_reporting_until_waited_for():
     said = [line for line in result.stdout.splitlines() if line.startswith("parent: ")]
     assert said == ["parent: 0", "parent: True", "parent: 0 False", "parent: 0"], result.stderr
     assert result.returncode == 0
+
+
+# ------------------------------------------------------------------ the equivalence grid
+
+EQUIVALENCE = ROOT / "tests" / "benchmarks" / "equivalence_grid.py"
+
+
+def load_benchmark(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_equivalence_grid_tells_identical_counters_from_differing_ones(tmp_path):
+    """Committed measurements stand in for today's: a copy is identical and equal to the
+    reference; one counter changed in one phase names that phase."""
+    grid = load_benchmark(EQUIVALENCE)
+    name = "float32-b1-c16-w64"
+    committed = grid.REFERENCE / f"{name}.json"
+    (tmp_path / "fresh").mkdir()
+    shutil.copyfile(committed, tmp_path / f"{name}.json")
+    document = json.loads(committed.read_text())
+    (tmp_path / "fresh" / f"{name}.json").write_text(json.dumps(document))
+    row = grid.compare(name, {}, 0, 0, tmp_path, grid.REFERENCE)
+    assert (row["identical"], row["differing_phases"], row["same_as_reference"]) == (True, [], True)
+    document["phases"][2]["peak_reserved_bytes"] += 512
+    (tmp_path / "fresh" / f"{name}.json").unlink()
+    (tmp_path / "fresh" / f"{name}.json").write_text(json.dumps(document))
+    row = grid.compare(name, {}, 0, 0, tmp_path, grid.REFERENCE)
+    assert (row["identical"], row["differing_phases"], row["same_as_reference"]) == (
+        False,
+        [2],
+        True,
+    )
+
+
+@without_a_gpu
+def test_the_equivalence_grid_without_a_gpu_compares_nothing_and_exits_1(tmp_path):
+    out = tmp_path / "grid"
+    result = subprocess.run(
+        [sys.executable, str(EQUIVALENCE), str(out), "--configurations", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert validate.validate_document(comparison, validate.load_registry()) == []
+    assert (comparison["identical"], comparison["not_compared"]) == (0, ["bfloat16-b1-c1-w1"])
+    assert sorted(p.name for p in out.iterdir()) == ["comparison.json", "fresh"]
+    again = subprocess.run(
+        [sys.executable, str(EQUIVALENCE), str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 2
+    assert again.stderr == (
+        f"equivalence_grid.py: error: {out} already exists: the comparison goes in a new folder\n"
+    )
