@@ -32,7 +32,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -708,7 +707,7 @@ def comparable(events, block: int = 1) -> list[tuple]:
 
 def first_mismatch(left: list[tuple], right: list[tuple]) -> int | None:
     """The index of the first differing step of two comparable() lists, or None."""
-    for i, (a, b) in enumerate(zip(left, right)):
+    for i, (a, b) in enumerate(zip(left, right, strict=False)):
         if a != b:
             return i
     return None if len(left) == len(right) else min(len(left), len(right))

@@ -44,10 +44,9 @@ cache). Logits are computed for the last position only, as generation needs.
 
 from __future__ import annotations
 
+import decoder
 import torch
 import torch.nn.functional as F
-
-import decoder
 
 INIT_STD = 0.02
 
