@@ -1019,6 +1019,24 @@ def run_measurement(args, document: dict, shape: Shape, run: dict) -> int:
     return cli.OK
 
 
+def new_measurement(shape: Shape, preset, run: dict, device: str, seed: int, environment) -> dict:
+    """The measurement before its rows: what ran, on what, and what each field means."""
+    return {
+        "schema": SCHEMA,
+        "tool": TOOL,
+        "created_utc": mesure_memoire.utc_now(),
+        "status": "running",
+        "environment": environment,
+        "configuration": configuration_record(shape, preset, run, device, seed),
+        "model": describe_model(shape, preset, run["dtype"], seed),
+        "cache": describe_cache(shape, run),
+        "clocks": mesure_memoire.CLOCKS,
+        "counters": mesure_memoire.COUNTERS,
+        "phase_scopes": PHASES_DOC,
+        "phases": [],
+    }
+
+
 def measure(args: argparse.Namespace, shape: Shape, preset: str | None, run: dict) -> int:
     """mesure_memoire.measure's order: refuse existing outputs, write the environment first
     (same process), then the phases; the file is written whatever happened on the GPU."""
@@ -1040,20 +1058,7 @@ def measure(args: argparse.Namespace, shape: Shape, preset: str | None, run: dic
             environment_output, mesure_memoire.environment_document(environment)
         )
     mesure_memoire.import_torch()  # the exit-2 guard, before the measurement is written
-    document = {
-        "schema": SCHEMA,
-        "tool": TOOL,
-        "created_utc": mesure_memoire.utc_now(),
-        "status": "running",
-        "environment": environment,
-        "configuration": configuration_record(shape, preset, run, f"cuda:{args.device}", args.seed),
-        "model": describe_model(shape, preset, run["dtype"], args.seed),
-        "cache": describe_cache(shape, run),
-        "clocks": mesure_memoire.CLOCKS,
-        "counters": mesure_memoire.COUNTERS,
-        "phase_scopes": PHASES_DOC,
-        "phases": [],
-    }
+    document = new_measurement(shape, preset, run, f"cuda:{args.device}", args.seed, environment)
     exit_code = run_measurement(args, document, shape, run)
     mesure_memoire.write_result(output, document)
     print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
