@@ -357,6 +357,7 @@ class Mirror:
         self.dispatch_trace = False
         self.not_predicted: dict[str, str] = {}
         self.backends: dict[str, str] = {}
+        self.call_terms: dict[int, dict] = {}  # an operator's output -> the terms of its call
 
     # -------------------------------------------------- allocations
 
@@ -401,6 +402,7 @@ class Mirror:
         """One operator: its calibrated inner blocks before the output, the output, the blocks
         after it; blocks freed before the output go first, the rest when the operator returns,
         process-lifetime blocks (library workspaces, made once) stay."""
+        terms = self.terms(**site_terms)
         if self.calibration is None:
             self.not_predicted.setdefault(
                 "kernel-internal blocks",
@@ -408,8 +410,7 @@ class Mirror:
                 "reduction buffers are left out (each is at least 512 bytes, cuBLAS's "
                 "workspaces tens of MiB)",
             )
-            return self.alloc(output_bytes, site)
-        terms = self.terms(**site_terms)
+            return self.output(output_bytes, site, terms)
         blocks = []
         for block in self.calibration.blocks(site, terms):
             if block.get("once") and block["key"] in self.done_once:
@@ -421,12 +422,18 @@ class Mirror:
             self.make_block(site, block, terms, made)
         for tensor in made["before_output"]:
             self.free(tensor)
-        output = self.alloc(output_bytes, site)
+        output = self.output(output_bytes, site, terms)
         for block in (b for b in blocks if b.get("order", "after_output") == "after_output"):
             self.make_block(site, block, terms, made)
         self.free(*reversed(made["on_return"]))
         self.kept += made["never"]
         return output
+
+    def output(self, nbytes: int, site: str, terms: dict) -> Tensor | None:
+        tensor = self.alloc(nbytes, site)
+        if tensor is not None:
+            self.call_terms[tensor.ident] = terms
+        return tensor
 
     def make_block(self, site: str, block: dict, terms: dict, made: dict) -> None:
         nbytes = evaluate(block.get("bytes"), terms, block["where"])

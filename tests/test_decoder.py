@@ -6,8 +6,10 @@ tests/test_gpu_decoder.py and tests/benchmarks/decoder_trace.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import sys
 import types
 import weakref
 
@@ -16,7 +18,7 @@ import mesure_memoire
 import pytest
 import torch
 import validate
-from conftest import run_script
+from conftest import ROOT, run_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -25,6 +27,7 @@ from torch.utils._pytree import tree_leaves
 
 MIB = 2**20
 REGISTRY = validate.load_registry()
+sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))  # decoder_trace, the GPU tracer
 # One shape whose every tensor fits in one 512-byte block: counters are 512 x live tensors.
 TINY = decoder.Shape(layers=1, width=8, heads=2, kv_heads=1, head_dim=4, ffn=16, vocab=16)
 TINY_ARGS = ["--layers", "1", "--width", "8", "--heads", "2", "--kv-heads", "1"]
@@ -617,3 +620,63 @@ def test_without_a_gpu_the_environment_is_written_and_the_measurement_is_not(tmp
     )
     assert not out.exists()
     assert validate.validate_json(environment.read_bytes(), REGISTRY) == []
+
+
+# ------------------------------------------------------------------ the GPU tracer's analysis
+
+
+def synthetic_gpu_trace(shape, run, calibration) -> dict:
+    """What tests/benchmarks/decoder_trace.py's child would record if the GPU's kernels made
+    exactly the calibration's blocks: the calibrated mirror's events, each with a frame that
+    names its operator call (blocks share their operator's, as a Python stack would)."""
+    rows, mirror = decoder.predict(shape, run, calibration)
+    events = [list(e) for e in mirror.events if e[0] != "phase"]
+    frames = {}
+    outputs = [i for i, e in enumerate(events) if e[0] == "alloc" and ":" not in e[3]]
+    for call, i in enumerate(outputs):
+        frames[events[i][1]] = f"{events[i][3]}#{call} line"
+    for i, event in enumerate(events):
+        if event[0] == "alloc" and ":" in event[3]:
+            before = event[3].endswith(":early")
+            owner = min(o for o in outputs if o > i) if before else max(o for o in outputs if o < i)
+            frames[event[1]] = frames[events[owner][1]]
+    gpu = [[e[0], e[1], e[2], frames[e[1]]] for e in events]
+    return {
+        "configuration": {"name": "x", "shape": dataclasses.asdict(shape), **run},
+        "gpu": "NVIDIA H200",
+        "multiprocessors": 132,
+        "torch": "2.11.0+cu130",
+        "measured_attention_backend": {"prefill": "flash", "decode": "flash"},
+        "measured_rows": rows,
+        "gpu_events": gpu,
+    }
+
+
+def test_the_tracer_finds_the_kernels_blocks_and_proposes_their_calibration(tmp_path):
+    import decoder_trace
+
+    calibration = decoder.Calibration.load(write_calibration(tmp_path))
+    results, comparisons = {}, {}
+    for name in ("gqa4-b2-p33", "gqa3-w384-b1-p100"):
+        shape, run = decoder_trace.run_of(name, "bfloat16")
+        results[name] = synthetic_gpu_trace(shape, run, calibration)
+        comparisons[name] = decoder_trace.compare(results[name], None)
+        assert comparisons[name]["missing"] == []
+        # the workspace, then per layer's prefill attention the early block and the scratch
+        assert len(comparisons[name]["extra_blocks"]) == 1 + 2 * shape.layers
+        assert decoder_trace.compare(results[name], calibration)["exact"]
+    proposal, _ = decoder_trace.propose(results, comparisons)
+    assert validate.validate_document(proposal, REGISTRY) == []
+    found = {(s["site"], json.dumps(s["blocks"][0]["bytes"])): s for s in proposal["sites"]}
+    workspace = found[("linear", str(32 * MIB))]["blocks"][0]
+    assert (workspace["order"], workspace["freed"], workspace["once"]) == (
+        "after_output",
+        "never",
+        True,
+    )
+    early = found[("attention", "8")]
+    assert (early["blocks"][0]["order"], early["blocks"][0]["freed"]) == ("before_output",) * 2
+    assert early["when"] == {"causal": 1, "dtype": ["bfloat16"]}
+    scratch = next(s for (site, _), s in found.items() if site == "attention" and s is not early)
+    assert scratch["blocks"][0]["bytes"] == {"product": [1024, "query_length"]}
+    assert scratch["blocks"][0]["freed"] == "on_return"
