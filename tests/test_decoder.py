@@ -132,13 +132,13 @@ def test_weights_and_cache_are_predicted_to_the_block(shape, batch, prompt, new_
 
 
 def test_rows_cover_every_generated_token_once():
-    run = run_of(prompt=7, new_tokens=6, warmup=1, tokens_per_row=2)
+    run = run_of(prompt=7, new_tokens=5, warmup=1, tokens_per_row=2)
     plan = decoder.row_plan(run)
     assert plan == [
         ("prefill", None, 0, 1),
         ("warmup", None, 1, 1),
         ("decode", 1, 2, 2),
-        ("decode", 2, 4, 2),
+        ("decode", 2, 4, 1),  # the last row holds what is left
     ]
     rows, _ = decoder.predict(TINY, run)
     assert [(r["phase"], r["first_position"], r["tokens"], r["passes"]) for r in rows] == [
@@ -147,7 +147,7 @@ def test_rows_cover_every_generated_token_once():
         ("prefill", 0, 1, 1),
         ("warmup", 7, 1, 1),  # token 1 goes in at position P
         ("decode", 8, 2, 2),
-        ("decode", 10, 2, 2),
+        ("decode", 10, 1, 1),
     ]
 
 
@@ -179,6 +179,10 @@ def test_tiny_half_prediction_by_hand():
     by = rows_by_phase(rows)
     assert by["prefill"]["peak_allocated_bytes"] == 18 * 512 + 5 * 512
     assert mirror.backends == {"prefill": "flash", "decode": "flash"}
+    # batch x tokens x heads x head_dim x 2 bytes: the prefill's 2 tokens, one decode token
+    outputs = [event[2] for event in mirror.events if event[:1] == ("alloc",)]
+    sites = [event[3] for event in mirror.events if event[:1] == ("alloc",)]
+    assert [n for n, site in zip(outputs, sites, strict=True) if site == "attention"] == [32, 16]
 
 
 def test_large_rotary_tables_and_cache_share_one_20_mib_segment():
@@ -427,9 +431,11 @@ def test_a_formula_that_cannot_be_evaluated_is_named(formula, message):
 
 def test_the_committed_example_calibration_validates_and_a_bad_one_does_not():
     assert validate.validate_document(CALIBRATION, REGISTRY) == []
-    bad = json.loads(json.dumps(CALIBRATION))
-    bad["sites"][1]["blocks"][1]["order"] = "after_output"  # freed before it exists
-    assert validate.validate_document(bad, REGISTRY) != []
+    for order in ("after_output", None):  # freed before it exists / order left to default
+        bad = json.loads(json.dumps(CALIBRATION))
+        early = bad["sites"][1]["blocks"][1]
+        early.pop("order") if order is None else early.update(order=order)
+        assert validate.validate_document(bad, REGISTRY) != [], order
 
 
 def test_a_calibration_naming_an_unknown_term_is_refused_in_one_line(tmp_path):
