@@ -10,8 +10,8 @@ How the weights are made. Every parameter is created where it lives, `torch.empt
 measured device in the measured dtype, then filled in place from one seeded generator on that
 device: normal(0, 0.02) for the embedding and the projections, 1 for the RMSNorm weights, 0 for
 the biases. No host copy and no float32 detour: an 8B-class model in bfloat16 is 16 GB written
-by the GPU itself in well under a second. The values are random; memory does not depend on
-them, only the greedy tokens do.
+by the GPU itself, at its memory bandwidth (model_load's row times it). The values are
+random; memory does not depend on them, only the greedy tokens do.
 
 The KV cache is preallocated: one K and one V tensor per layer, (batch, kv_heads, prompt +
 new_tokens, head_dim), made once before the prefill and written in place, position by
