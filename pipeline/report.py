@@ -131,6 +131,10 @@ def run_picture(source: Source):
     scale, unit_name = unit(max(row["peak_reserved_bytes"] for row in phases))
     figure, axes = plt.subplots(figsize=(max(8, 1.25 * len(phases) + 2), 6), layout="constrained")
     width = 0.13
+    prediction = document.get("summary", {}).get("prediction", {})
+    predicted_label = "predicted by the allocator model"
+    if prediction.get("applicable") is False:  # e.g. expandable segments: not a claim
+        predicted_label += f" (NOT APPLICABLE: {prediction['not_applicable_because']})"
     for i, (key, name) in enumerate(COUNTERS.items()):
         xs = [p + (i - 2.5) * width for p in range(len(phases))]
         axes.bar(xs, [row[key] / scale for row in phases], width, label=name, color=COLOURS[i])
@@ -143,7 +147,7 @@ def run_picture(source: Source):
                 linewidths=2,
                 color="black",
                 zorder=3,
-                label="predicted by the allocator model" if i == 0 else None,
+                label=predicted_label if i == 0 else None,
             )
     axes.set_xticks(range(len(phases)), [phase_label(row) for row in phases], rotation=20)
     axes.set_ylabel(f"{unit_name}: PyTorch allocator, this process")
@@ -157,7 +161,9 @@ def run_picture(source: Source):
         f"{c['dtype']}",
         fontsize=10,
     )
-    figure.legend(fontsize=8, ncol=4, loc="outside lower center")
+    figure.legend(
+        fontsize=8, ncol=2 if len(predicted_label) > 40 else 4, loc="outside lower center"
+    )
     return figure
 
 

@@ -172,12 +172,16 @@ def test_a_child_finds_the_modules_of_the_parent_main_script_already_loaded(tmp_
             print("parent:", runner.run(["estimate", "--parameters", "7", "--bits", "4"]))
         """)
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # The caller's own PYTHONPATH (where its jsonschema may live) plus a folder of no use.
+    given = os.pathsep.join(
+        [str(tmp_path / "elsewhere"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    env = {**os.environ, "PYTHONPATH": given}
     result = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env
     )
     said = [line for line in result.stdout.splitlines() if line.startswith(("child:", "parent:"))]
-    assert said == ["parent: None", "child: True True", "parent: 0"], result.stderr
+    assert said == [f"parent: {given}", "child: True True", "parent: 0"], result.stderr
 
 
 def test_a_child_holds_its_exit_after_reporting_until_waited_for():

@@ -395,6 +395,23 @@ def test_the_sweep_benchmark_alternates_new_and_old_and_gives_the_ratio(
     ]
 
 
+def test_a_baseline_named_relatively_keeps_its_own_schemas_and_data(tmp_path, monkeypatch):
+    """`git archive OLD pipeline schemas data | tar -x -C old` then `--baseline-pipeline
+    old/pipeline`: the copy's links must reach old/schemas and old/data, not dangle."""
+    spec = importlib.util.spec_from_file_location("bench_sweep", BENCH_SWEEP)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for name in ("pipeline", "schemas", "data"):
+        (tmp_path / "old" / name).mkdir(parents=True)
+    (tmp_path / "old" / "pipeline" / "sweep.py").write_text(OLDER_SWEEP)
+    (tmp_path / "old" / "data" / "protocole-qualite.md").write_text("old protocol\n")
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.chdir(tmp_path)
+    copy = bench.baseline_tree(Path("old/pipeline"), tmp_path / "scratch")
+    assert (copy.parent / "data" / "protocole-qualite.md").read_text() == "old protocol\n"
+    assert (copy.parent / "schemas").resolve() == (tmp_path / "old" / "schemas").resolve()
+
+
 @without_a_gpu
 def test_the_sweep_benchmark_without_a_gpu_is_one_line_and_exit_2():
     result = subprocess.run(

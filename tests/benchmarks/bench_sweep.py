@@ -45,6 +45,7 @@ def one_sweep(pipeline: Path, device: str, points: int, fork: bool) -> tuple[flo
         done = subprocess.run(argv, capture_output=True, text=True)
         wall = time.perf_counter() - started
         if done.returncode != 0:
+            print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise Failed(f"{pipeline / 'sweep.py'} exited {done.returncode}: {last}")
         [summary] = Path(scratch).glob("*-sweep/sweep.json")
@@ -55,6 +56,7 @@ def one_sweep(pipeline: Path, device: str, points: int, fork: bool) -> tuple[flo
 def baseline_tree(folder: Path, scratch: Path) -> Path:
     """The older pipeline beside schemas/ and data/ (its own, if DIR has them as siblings,
     else this repository's): its scripts find them next to their own folder."""
+    folder = folder.resolve()  # the links below are made in another folder
     pipeline = folder / "pipeline" if (folder / "pipeline" / "sweep.py").is_file() else folder
     if not (pipeline / "sweep.py").is_file():
         raise Failed(f"{folder}: no sweep.py there, nor in {folder / 'pipeline'}")

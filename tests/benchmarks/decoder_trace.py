@@ -331,7 +331,7 @@ def propose(results: dict[str, dict], comparisons: dict[str, dict]) -> tuple[dic
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--output-dir", type=Path, required=True)
+    parser.add_argument("--output-dir", type=Path, help="a new folder (required)")
     parser.add_argument("--calibration", type=Path)
     parser.add_argument("--only", choices=sorted(CONFIGURATIONS))
     parser.add_argument(
@@ -342,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args.child[0], args.child[1], args.device, Path(args.child[2]), calibration)
         return 0
+    if args.output_dir is None:
+        parser.error("the following arguments are required: --output-dir")
     args.output_dir.mkdir(parents=True, exist_ok=False)
     names = [args.only] if args.only else list(CONFIGURATIONS)
     results, comparisons, summary = {}, {}, {}
