@@ -1,7 +1,7 @@
 """fit.py: which catalogue GPU holds a peak on one GPU, judged on the memory PyTorch sees.
 
 Figures come from the committed H200 runs: the context sweep's largest completed point and
-the spec's larger configuration, measured and predicted.
+the larger proposed configuration (batch 2, context 128, width 1024), measured and predicted.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def test_the_text_names_the_peak_its_source_and_which_memory_was_used(tmp_path):
 
 
 def test_a_model_never_measured_here_is_judged_on_the_vendor_figure(tmp_path):
-    """A prediction of the spec's larger run, with no H200 run in the runs directory."""
+    """A prediction of the larger proposed run, with no H200 run in the runs directory."""
     path = prediction(tmp_path, *PREDICT)
     (tmp_path / "runs").mkdir()
     result = fit_json(str(path), "--days", "3", "--runs-dir", str(tmp_path / "runs"))

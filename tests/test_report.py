@@ -1,6 +1,6 @@
 """report.py: pictures in a new folder of their own, never in the evidence; what they show.
 
-The sources are committed H200 runs copied into a temporary runs directory: the spec's larger
+The sources are committed H200 runs copied into a temporary runs directory: the larger proposed
 run, the context sweep (it ran out of memory) and the 20-point width sweep.
 """
 
