@@ -584,21 +584,51 @@ def summarise(document: dict) -> dict:
     return summary
 
 
-def run_measurement(torch, setting, device, function, traced, document, history) -> int:
+class Gpu:
+    """Everything `measure` asks of the GPU, in one place: the tests stand a CPU in for it."""
+
+    def check(self, torch, index: int, text: str) -> None:
+        mesure_memoire.check_gpu(torch, index, text)
+
+    def environment(self, index: int, text: str, driver_query, process_start: str) -> dict:
+        return mesure_memoire.collect_environment(index, text, driver_query, process_start)
+
+    def start(self, torch, index: int):
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+        torch.cuda.init()
+        return device
+
+    def runtime(self, torch):
+        """What mesure_memoire.run_phase reads the counters and events from."""
+        return torch.cuda
+
+    def probe(self, torch, device, trace) -> trace_prediction.Calibration:
+        return trace_prediction.probe_operators(torch, device, trace)
+
+    def history(self, torch, on: bool):
+        if on:
+            trace_prediction.start_history(torch)
+            return None
+        snapshot = torch.cuda.memory._snapshot()
+        trace_prediction.stop_history(torch)
+        return snapshot
+
+
+def run_measurement(torch, gpu, setting, device, function, traced, document, history) -> int:
     """The phases on the GPU; then, the protocol untouched, the probes and the prediction."""
-    torch.cuda.set_device(device)
-    torch.cuda.init()
     config = Configuration(device, getattr(torch, setting.dtype), setting.batch, setting.seed)
     rows, facts = document["phases"], {}
+    runtime = gpu.runtime(torch)
     if history is not None:
-        trace_prediction.start_history(torch)
+        gpu.history(torch, True)
     torch.manual_seed(setting.seed)
     status, failure = "completed", None
     try:
         drive(
-            torch, partial(mesure_memoire.run_phase, torch.cuda, device), function,
+            torch, partial(mesure_memoire.run_phase, runtime, device), function,
             setting.file.function, config, setting.dims, setting.warmup, setting.repeats,
-            rows, facts, (torch.cuda.OutOfMemoryError,),
+            rows, facts, (runtime.OutOfMemoryError,),
         )  # fmt: skip
     except mesure_memoire.OutOfMemory as oom:
         status = "out_of_memory"
@@ -611,15 +641,9 @@ def run_measurement(torch, setting, device, function, traced, document, history)
     except UserCodeError as exc:
         status = "failed"
         traceback.print_exception(exc.original)
-        failure = {
-            "phase": exc.phase,
-            "repetition": exc.repetition,
-            "exception_type": type(exc.original).__name__,
-            "note": FAILED_NOTE,
-        }
+        failure = user_failure(exc)
     if history is not None:
-        history["snapshot"] = torch.cuda.memory._snapshot()
-        trace_prediction.stop_history(torch)
+        history["snapshot"] = gpu.history(torch, False)
     document["status"] = status
     document["workload"] = workload_record(setting, facts or traced[1], rows)
     if failure is not None:
@@ -629,7 +653,7 @@ def run_measurement(torch, setting, device, function, traced, document, history)
     gc.collect()  # the workload's tensors go before the probes need room
     trace, calibration = traced[0], None
     if trace.stopped is None:
-        calibration = trace_prediction.probe_operators(torch, device, trace)
+        calibration = gpu.probe(torch, device, trace)
         document["calibration"] = calibration.to_json(trace)
     prediction = trace_prediction.predict(trace, calibration)
     if history is not None:
@@ -640,6 +664,17 @@ def run_measurement(torch, setting, device, function, traced, document, history)
     document["summary"] = summarise(document)
     compare(document)
     return cli.OUT_OF_MEMORY if status == "out_of_memory" else cli.OK
+
+
+def user_failure(exc: UserCodeError) -> dict:
+    """Where the user's code raised and the exception's type: never its message, which may
+    hold paths or data."""
+    return {
+        "phase": exc.phase,
+        "repetition": exc.repetition,
+        "exception_type": type(exc.original).__name__,
+        "note": FAILED_NOTE,
+    }
 
 
 def setting_from(args) -> Setting:
@@ -658,7 +693,7 @@ def load(setting: Setting):
     return function
 
 
-def measure(args) -> int:
+def measure(args, gpu: Gpu) -> int:
     output = Path(args.output)
     mesure_memoire.refuse_existing(output)
     extra = [Path(p) for p in (args.environment_output, args.memory_history) if p]
@@ -670,17 +705,15 @@ def measure(args) -> int:
     driver_query = mesure_memoire.start_driver_query()
     cuda_driver = mesure_memoire.start_cuda_driver(args.device)
     torch = mesure_memoire.import_torch()
-    mesure_memoire.check_gpu(torch, args.device, args.device_text)
-    user_failure = None
+    gpu.check(torch, args.device, args.device_text)
+    failed = None
     try:
         function = load(setting)
     except UserCodeError as exc:
-        user_failure, function = exc, None
-    if user_failure is None:
+        failed, function = exc, None
+    if failed is None:
         traced = trace_workload(torch, setting, args.device)
-    environment = mesure_memoire.collect_environment(
-        args.device, args.device_text, driver_query, args.process_start
-    )
+    environment = gpu.environment(args.device, args.device_text, driver_query, args.process_start)
     mesure_memoire.stop_cuda_driver(cuda_driver)
     if args.environment_output:
         document = mesure_memoire.environment_document(environment)
@@ -698,21 +731,16 @@ def measure(args) -> int:
         "phase_scopes": PHASE_SCOPES,
         "phases": [],
     }
-    if user_failure is not None:
-        traceback.print_exception(user_failure.original)
+    if failed is not None:
+        traceback.print_exception(failed.original)
         document["status"] = "failed"
         document["workload"] = workload_record(setting, {}, [])
-        document["failure"] = {
-            "phase": "import",
-            "repetition": None,
-            "exception_type": type(user_failure.original).__name__,
-            "note": FAILED_NOTE,
-        }
+        document["failure"] = user_failure(failed)
         code = cli.INVALID
     else:
         history = {} if args.memory_history else None
-        device = torch.device("cuda", args.device)
-        code = run_measurement(torch, setting, device, function, traced, document, history)
+        device = gpu.start(torch, args.device)
+        code = run_measurement(torch, gpu, setting, device, function, traced, document, history)
         if history is not None and "snapshot" in history:
             history["phases"] = [row["phase"] for row in document["phases"]]
             cli.write_new(Path(args.memory_history), pickle.dumps(history))
@@ -862,7 +890,11 @@ def build_parser() -> cli.Parser:
     return parser
 
 
-def main(argv: list[str] | None = None, process_start: str = mesure_memoire.FRESH_INTERPRETER):
+def main(
+    argv: list[str] | None = None,
+    process_start: str = mesure_memoire.FRESH_INTERPRETER,
+    gpu: Gpu | None = None,
+):
     def body() -> int:
         args = build_parser().parse_args(argv)
         args.process_start = process_start
@@ -870,7 +902,7 @@ def main(argv: list[str] | None = None, process_start: str = mesure_memoire.FRES
             return estimate(args)
         args.device_text = args.device
         args.device = mesure_memoire.device_index(args.device)
-        return measure(args)
+        return measure(args, gpu or Gpu())
 
     return cli.run("own_model.py", body, interrupted="nothing was written")
 

@@ -35,134 +35,28 @@ CALLER, AUTOGRAD = "caller", "autograd"  # the thread that ran an operator (see 
 # element-wise kernels, copies, factories, softmax, layer norm's forward, the foreach
 # kernels of the optimizers). Trusted without a calibration; `measure` still probes all but
 # the foreach ones (a probe would copy every parameter and optimizer state once more).
+# fmt: off
 _ATEN_OUTPUT_ONLY = (
-    "empty",
-    "empty_strided",
-    "empty_like",
-    "new_empty",
-    "new_empty_strided",
-    "zeros",
-    "zeros_like",
-    "ones",
-    "ones_like",
-    "full",
-    "full_like",
-    "new_zeros",
-    "new_ones",
-    "new_full",
-    "scalar_tensor",
-    "arange",
-    "rand",
-    "randn",
-    "randint",
-    "rand_like",
-    "randn_like",
-    "randint_like",
-    "uniform_",
-    "normal_",
-    "bernoulli_",
-    "random_",
-    "_to_copy",
-    "clone",
-    "copy_",
-    "fill_",
-    "zero_",
-    "lift_fresh_copy",
-    "contiguous",
-    "add",
-    "add_",
-    "sub",
-    "sub_",
-    "rsub",
-    "mul",
-    "mul_",
-    "div",
-    "div_",
-    "neg",
-    "pow",
-    "rsqrt",
-    "sqrt",
-    "exp",
-    "log",
-    "tanh",
-    "sigmoid",
-    "relu",
-    "relu_",
-    "gelu",
-    "silu",
-    "silu_",
-    "where",
-    "masked_fill",
-    "masked_fill_",
-    "threshold_backward",
-    "gelu_backward",
-    "silu_backward",
-    "sigmoid_backward",
-    "tanh_backward",
-    "lerp",
-    "lerp_",
-    "addcmul",
-    "addcmul_",
-    "addcdiv",
-    "addcdiv_",
-    "maximum",
-    "minimum",
-    "clamp",
-    "clamp_min",
-    "clamp_max",
-    "eq",
-    "ne",
-    "lt",
-    "gt",
-    "le",
-    "ge",
-    "logical_not",
-    "bitwise_not",
-    "cos",
-    "sin",
-    "reciprocal",
-    "abs",
-    "sign",
-    "erf",
-    "tril",
-    "triu",
-    "cat",
-    "stack",
-    "index_select",
-    "embedding",
-    "slice_backward",
-    "select_backward",
-    "_softmax",
-    "_log_softmax",
-    "_softmax_backward_data",
-    "_log_softmax_backward_data",
-    "native_layer_norm",
+    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "zeros",
+    "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_full",
+    "scalar_tensor", "arange", "rand", "randn", "randint", "rand_like", "randn_like",
+    "randint_like", "uniform_", "normal_", "bernoulli_", "random_", "_to_copy", "clone", "copy_",
+    "fill_", "zero_", "lift_fresh_copy", "contiguous", "add", "add_", "sub", "sub_", "rsub", "mul",
+    "mul_", "div", "div_", "neg", "pow", "rsqrt", "sqrt", "exp", "log", "tanh", "sigmoid", "relu",
+    "relu_", "gelu", "silu", "silu_", "where", "masked_fill", "masked_fill_", "threshold_backward",
+    "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "lerp", "lerp_",
+    "addcmul", "addcmul_", "addcdiv", "addcdiv_", "maximum", "minimum", "clamp", "clamp_min",
+    "clamp_max", "eq", "ne", "lt", "gt", "le", "ge", "logical_not", "bitwise_not", "cos", "sin",
+    "reciprocal", "abs", "sign", "erf", "tril", "triu", "cat", "stack", "index_select",
+    "embedding", "slice_backward", "select_backward", "_softmax", "_log_softmax",
+    "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm",
 )
 _FOREACH_OUTPUT_ONLY = (
-    "add",
-    "add_",
-    "sub",
-    "sub_",
-    "mul",
-    "mul_",
-    "div",
-    "div_",
-    "lerp_",
-    "addcmul_",
-    "addcdiv_",
-    "sqrt",
-    "sqrt_",
-    "maximum_",
-    "neg",
-    "neg_",
-    "zero_",
-    "copy_",
-    "reciprocal_",
-    "pow",
-    "pow_",
-    "sign_",
-    "abs_",
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "lerp_", "addcmul_", "addcdiv_",
+    "sqrt", "sqrt_", "maximum_", "neg", "neg_", "zero_", "copy_", "reciprocal_", "pow", "pow_",
+    "sign_", "abs_",
 )
+# fmt: on
 OUTPUT_ONLY = frozenset(
     [
         *(f"aten.{name}" for name in _ATEN_OUTPUT_ONLY),
@@ -170,13 +64,14 @@ OUTPUT_ONLY = frozenset(
     ]
 )
 NOT_PROBED_PREFIX = "aten._foreach_"
-# On a PyTorch built without CUDA the trace runs on the meta device, where these functions
-# choose other kernels than a GPU build does: the trace is then not the GPU's, and says so.
-CPU_BUILD_CHOICES = {
-    "scaled_dot_product_attention": "a CPU-only PyTorch takes the math kernel (the full "
-    "attention matrix) where a GPU build chooses flash, memory-efficient or cuDNN attention",
-    "batch_norm": "a CPU-only PyTorch takes its native kernel where a GPU build may take "
-    "cuDNN's, with other outputs",
+# Without a GPU the trace runs on the meta device, where these functions choose other
+# kernels than on a GPU: the trace is then not the GPU's, and says so.
+META_CHOICES = {
+    "scaled_dot_product_attention": "traced on the meta device (no GPU), PyTorch takes the "
+    "math kernel (the full attention matrix) where a GPU chooses flash, memory-efficient or "
+    "cuDNN attention",
+    "batch_norm": "traced on the meta device (no GPU), PyTorch takes its native kernel where "
+    "a GPU may take cuDNN's, with other outputs",
 }
 UNCALIBRATED = (
     "not calibrated: the blocks its GPU kernel allocates besides its outputs "
@@ -214,8 +109,8 @@ class Signature:
 
 @dataclasses.dataclass
 class Trace:
-    device: str  # "cuda:0", or "meta" on a PyTorch without CUDA
-    build: str  # "cuda" or "cpu-only"
+    device: str  # "cuda:0", or "meta" where no GPU is visible
+    build: str  # the PyTorch traced with: "cuda" or "cpu-only"
     torch_version: str
     events: list = dataclasses.field(default_factory=list)
     signatures: dict = dataclasses.field(default_factory=dict)
@@ -240,9 +135,10 @@ def signature_id(text: str) -> str:
 
 
 def trace_device(torch, index: int) -> str:
-    """A CUDA build traces on fake `cuda:N` tensors, so that PyTorch makes a GPU's kernel
-    choices; a CPU-only build cannot run autograd on fake CUDA tensors and traces on meta."""
-    return f"cuda:{index}" if torch.version.cuda or torch.version.hip else "meta"
+    """Where a GPU is visible, the trace runs on fake `cuda:N` tensors, so that PyTorch makes
+    that GPU's kernel choices; elsewhere on meta (autograd cannot run on fake CUDA tensors
+    without a GPU: PyTorch aborts the process)."""
+    return f"cuda:{index}" if torch.cuda.is_available() else "meta"
 
 
 class Tracer:
@@ -270,13 +166,13 @@ class Tracer:
             self._patch_swap()
             self.fake.__enter__()
         self.recorder.__enter__()
-        if self.trace.build == "cpu-only":
+        if self.trace.device == "meta":
             self.choices = make_choice_notes(self.torch, self.trace)()
             self.choices.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.trace.build == "cpu-only":
+        if self.trace.device == "meta":
             self.choices.__exit__(*exc)
         self.recorder.__exit__(*exc)
         if not self.real:
@@ -329,7 +225,7 @@ class Tracer:
 
 
 def make_choice_notes(torch, trace: Trace):
-    """On a CPU-only build: note the calls whose kernels a GPU build would choose otherwise."""
+    """On the meta device: note the calls whose kernels a GPU would choose otherwise."""
     from torch.overrides import TorchFunctionMode
 
     functions = {
@@ -342,7 +238,7 @@ def make_choice_notes(torch, trace: Trace):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             name = functions.get(func)
             if name is not None:
-                trace.notes.setdefault(name, CPU_BUILD_CHOICES[name])
+                trace.notes.setdefault(name, META_CHOICES[name])
             return func(*args, **(kwargs or {}))
 
     return ChoiceNotes
@@ -716,10 +612,11 @@ def probe(torch, device, signature: Signature) -> list[tuple]:
     if clear is not None:
         clear()
     start_history(torch)
+    before = len(history_events(torch, device))
     with torch.no_grad():
         out = signature.func(*args, **kwargs)
     torch.cuda.synchronize(device)
-    events = torch.cuda.memory._snapshot()["device_traces"][device.index]
+    events = history_events(torch, device)[before:]
     stop_history(torch)
     outputs = {}
     for index, tensor in enumerate(tree_flatten(out)[0]):
@@ -749,13 +646,21 @@ def rebuild(torch, device, leaf):
 
 
 def start_history(torch) -> None:
-    torch.cuda.memory._record_memory_history(
-        enabled="all", context=None, stacks="python", max_entries=1_000_000, clear_history=True
-    )
+    """The allocator's history of allocations and frees, without stack traces."""
+    try:
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context=None, max_entries=1_000_000, clear_history=True
+        )
+    except TypeError:  # a PyTorch without clear_history: callers count the events before
+        torch.cuda.memory._record_memory_history(enabled="all", context=None)
 
 
 def stop_history(torch) -> None:
     torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def history_events(torch, device) -> list[dict]:
+    return torch.cuda.memory._snapshot()["device_traces"][device.index]
 
 
 def probe_workspace_threads(torch, device) -> bool | None:
@@ -771,12 +676,14 @@ def probe_workspace_threads(torch, device) -> bool | None:
         torch.cuda.synchronize(device)
         clear()
         start_history(torch)
+        start = len(history_events(torch, device))
         y = a @ b
         torch.cuda.synchronize(device)
-        forward = len(torch.cuda.memory._snapshot()["device_traces"][device.index])
+        forward = len(history_events(torch, device))
         y.sum().backward()
         torch.cuda.synchronize(device)
-        events = torch.cuda.memory._snapshot()["device_traces"][device.index]
+        events = history_events(torch, device)[start:]
+        forward -= start
         stop_history(torch)
         tensors = {y.untyped_storage().data_ptr(), a.grad.untyped_storage().data_ptr()}
     except Exception:  # an unknown answer, said as such
