@@ -759,6 +759,94 @@ def measure(args, gpu: Gpu) -> int:
     return code
 
 
+# ---------------------------------------------------------------- facts a schema cannot state
+
+
+def document_facts(document: dict) -> list[str]:
+    """For validate.py: the rows follow the plan, their counters are consistent, and the
+    summary and the predictions beside them say what the rows say. Each error has its path."""
+    if document["status"] == "predicted":
+        return prediction_peak_facts(document["prediction"])
+    errors = []
+    rows, record = document["phases"], document["workload"]
+    names = [row["phase"] for row in rows]
+    planned = record["phases_planned"] or []
+    if record["phases_run"] != names:
+        errors.append("$.workload.phases_run: not the phases of the rows")
+    if names != planned[: len(names)]:
+        errors.append(f"$.phases: {names} do not follow the plan {planned}")
+    status = document["status"]
+    if status == "completed" and names != planned:
+        errors.append(f"$.phases: {len(names)} rows, the plan has {len(planned)}")
+    if status != "completed":
+        failure = document["failure"]
+        expected = (
+            "import" if failure["phase"] == "import" else planned[len(names) : len(names) + 1]
+        )
+        if failure["phase"] == "import" and names:
+            errors.append("$.failure.phase: import, but phases ran")
+        elif failure["phase"] != "import" and [failure["phase"]] != expected and planned:
+            errors.append(f"$.failure.phase: {failure['phase']!r}, the next planned is {expected}")
+    warm = [row.get("repetition") for row in rows if row["phase"] == "warm_step"]
+    if warm != list(range(1, len(warm) + 1)):
+        errors.append(f"$.phases: warm_step repetitions {warm} are not 1, 2, ...")
+    for i, row in enumerate(rows):
+        errors += counter_facts(f"$.phases[{i}]", row)
+        want = document["configuration"]["warmup"] if row["phase"] == "warmup" else 1
+        if row["passes"] != want:
+            errors.append(f"$.phases[{i}].passes: {row['passes']}, expected {want}")
+    if status == "failed":
+        return errors
+    errors += prediction_peak_facts(document["prediction"])
+    predicted = document["prediction"]["phases"]
+    for i, row in enumerate(rows):
+        if row["harness_overhead_ns"] != row["wall_time_ns"] - row["event_time_ns"]:
+            errors.append(f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns")
+        expected = None
+        if i < len(predicted):
+            expected = {key: predicted[i][key] for key in mesure_memoire.COUNTER_KEYS}
+        if row["predicted"] != expected:
+            errors.append(f"$.phases[{i}].predicted: not $.prediction.phases[{i}]")
+    summary = document["summary"]
+    expected_summary = summarise(document)
+    for key in ("phases_completed", "largest_peak_allocated_bytes", "largest_peak_reserved_bytes"):
+        if summary[key] != expected_summary[key]:
+            errors.append(f"$.summary.{key}: {summary[key]}, the rows give {expected_summary[key]}")
+    copy = {"phases": [dict(row) for row in rows], "prediction": document["prediction"]}
+    copy["summary"] = {"prediction": {}}
+    compare(copy)
+    for key, value in copy["summary"]["prediction"].items():
+        if summary["prediction"][key] != value:
+            errors.append(
+                f"$.summary.prediction.{key}: {summary['prediction'][key]}, the rows give {value}"
+            )
+    return errors
+
+
+def counter_facts(where: str, row: dict) -> list[str]:
+    """Allocated is part of reserved; a peak is at least the start and the end."""
+    errors = []
+    for prefix in ("baseline_", "", "peak_"):
+        if row[f"{prefix}allocated_bytes"] > row[f"{prefix}reserved_bytes"]:
+            errors.append(f"{where}: {prefix}allocated_bytes > {prefix}reserved_bytes")
+    for kind in ("allocated", "reserved"):
+        for start in (f"baseline_{kind}_bytes", f"{kind}_bytes"):
+            if row[f"peak_{kind}_bytes"] < row[start]:
+                errors.append(f"{where}: peak_{kind}_bytes < {start}")
+    return errors
+
+
+def prediction_peak_facts(prediction: dict) -> list[str]:
+    errors = []
+    for i, row in enumerate(prediction["phases"]):
+        errors += counter_facts(f"$.prediction.phases[{i}]", row)
+    for kind in ("allocated", "reserved"):
+        largest = max((r[f"peak_{kind}_bytes"] for r in prediction["phases"]), default=None)
+        if prediction[f"largest_peak_{kind}_bytes"] != largest:
+            errors.append(f"$.prediction.largest_peak_{kind}_bytes: not the phases' largest")
+    return errors
+
+
 # ---------------------------------------------------------------- estimate (no GPU)
 
 

@@ -305,6 +305,7 @@ def test_an_exception_in_the_users_code_is_theirs_shown_and_recorded_as_failed(c
         "note": own_model.FAILED_NOTE,
     }
     assert [row["phase"] for row in document["phases"]] == ["model_load"]
+    assert own_model.document_facts(document) == []
     assert "boom" not in output.read_text()
     assert "prediction" not in document
 
@@ -320,6 +321,7 @@ def test_an_exception_at_import_is_recorded_as_failed_in_phase_import(capsys, tm
     assert (document["status"], document["failure"]["phase"]) == ("failed", "import")
     assert document["failure"]["exception_type"] == "KeyError"
     assert document["phases"] == []
+    assert own_model.document_facts(document) == []
 
 
 def test_estimate_shows_the_users_exception_and_writes_nothing(capsys, tmp_path):
@@ -353,6 +355,7 @@ def test_out_of_memory_in_a_step_is_an_observation_with_the_file_written(capsys,
     assert "Process 1234" not in output.read_text()
     assert len(document["prediction"]["phases"]) == 7  # the whole plan, beside two rows
     assert [row["predicted"] is not None for row in document["phases"]] == [True, True]
+    assert own_model.document_facts(document) == []
 
 
 # ------------------------------------------------------------------ what the file records
@@ -485,6 +488,7 @@ def test_a_training_step_splits_off_the_optimizers_first_step(capsys, tmp_path):
     optimizer_state: AdamW's two moments per parameter, and nothing else kept."""
     path = workload(tmp_path, MLP_ADAMW)
     document = estimate_json(capsys, f"{path}:mlp", "--batch", "4", "--repeats", "1")
+    assert own_model.document_facts(document) == []
     rows = document["prediction"]["phases"]
     assert [row["phase"] for row in rows] == [
         "model_load", "inputs", "cold_step", "optimizer_state", "warmup", "warm_step",
@@ -709,3 +713,37 @@ def test_each_example_traces_on_the_cpu_and_validates(capsys, spec, kind):
     assert document["prediction"]["status"] == "approximate"  # no calibration, no GPU
     assert document["prediction"]["trace"]["device"] == "meta"
     assert len(document["prediction"]["phases"]) == len(document["workload"]["phases_planned"])
+
+
+# ------------------------------------------------------------------ facts for validate.py
+
+
+def test_the_facts_of_a_written_file_hold_and_a_tampered_one_is_caught(capsys, tmp_path):
+    path = workload(tmp_path, MLP_ADAMW)
+    code, output = measure(tmp_path, f"{path}:mlp")
+    assert code == 0, capsys.readouterr().err
+    document = json.loads(output.read_text())
+    assert own_model.document_facts(document) == []
+
+    def tampered(change) -> list[str]:
+        copy = json.loads(output.read_text())
+        change(copy)
+        return own_model.document_facts(copy)
+
+    def claim_held(d):
+        d["summary"]["prediction"]["held"] = True
+
+    def drop_a_row(d):
+        d["phases"].pop()
+        d["workload"]["phases_run"].pop()
+
+    def move_a_prediction(d):
+        d["phases"][2]["predicted"]["peak_allocated_bytes"] += 512
+
+    def peak_below_end(d):
+        d["phases"][1]["peak_reserved_bytes"] = -1
+
+    assert tampered(claim_held) == ["$.summary.prediction.held: True, the rows give None"]
+    assert "$.phases: 6 rows, the plan has 7" in tampered(drop_a_row)
+    assert tampered(move_a_prediction) == ["$.phases[2].predicted: not $.prediction.phases[2]"]
+    assert "$.phases[1]: peak_reserved_bytes < baseline_reserved_bytes" in tampered(peak_below_end)
