@@ -483,6 +483,23 @@ def test_a_calibrated_scratch_block_counts_in_the_peak_only(capsys, tmp_path):
                     inputs + 4096 + 3 * MIB, 2 * MIB + large)  # fmt: skip
 
 
+def test_each_intermediate_is_freed_before_the_next_allocation(capsys, tmp_path):
+    """Three ReLUs in a row on a 64 KiB input: the first output dies as the third is made,
+    so the peak holds the input and two outputs, not three."""
+    source = HEADER + (
+        "def chain(config):\n"
+        "    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU(), torch.nn.ReLU())\n"
+        "    return Workload(model, lambda: torch.randn(16384, device=config.device))\n"
+    )
+    path = workload(tmp_path, source)
+    document = estimate_json(capsys, f"{path}:chain", "--repeats", "1")
+    cold = document["prediction"]["phases"][2]
+    assert cold["phase"] == "cold_step"
+    assert cold["allocated_bytes"] == 2 * 65536
+    assert cold["peak_allocated_bytes"] == 3 * 65536
+    assert document["prediction"]["status"] == "exact"  # relu allocates its output only
+
+
 def test_a_training_step_splits_off_the_optimizers_first_step(capsys, tmp_path):
     """cold_step: forward and backward, ending with the gradients and the loss; then
     optimizer_state: AdamW's two moments per parameter, and nothing else kept."""
