@@ -474,7 +474,14 @@ def trace_workload(torch, setting: Setting, index: int):
                 f"{exc.phase} on fake tensors: the trace cannot follow it"
             ) from None
 
-    trace = trace_prediction.run_trace(torch, device, run)
+    try:
+        trace = trace_prediction.run_trace(torch, device, run)
+    except (cli.UsageError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the harness's own failure: said, and the measurement stands
+        traceback.print_exc()
+        trace = trace_prediction.Trace(device, "", torch.__version__)
+        trace.stopped = f"the trace itself failed ({type(exc).__name__}): not predicted"
     return trace, facts, (failure[0] if failure else None)
 
 
@@ -597,6 +604,8 @@ class Gpu:
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
         torch.cuda.init()
+        if torch.cuda.memory_reserved(device):  # the trace must leave nothing behind
+            torch.cuda.empty_cache()
         return device
 
     def runtime(self, torch):
@@ -652,10 +661,16 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
         return cli.INVALID
     gc.collect()  # the workload's tensors go before the probes need room
     trace, calibration = traced[0], None
-    if trace.stopped is None:
-        calibration = gpu.probe(torch, device, trace)
-        document["calibration"] = calibration.to_json(trace)
-    prediction = trace_prediction.predict(trace, calibration)
+    try:
+        if trace.stopped is None:
+            calibration = gpu.probe(torch, device, trace)
+            document["calibration"] = calibration.to_json(trace)
+        prediction = trace_prediction.predict(trace, calibration)
+    except Exception as exc:  # the harness's own failure: said, and the measurement stands
+        traceback.print_exc()
+        document.pop("calibration", None)
+        reason = f"the calibration or the replay failed ({type(exc).__name__}): not predicted"
+        prediction = trace_prediction.Prediction(trace_prediction.NOT_PREDICTED, [], [], [], reason)
     if history is not None:
         history["replay"] = prediction.log
     document["prediction"] = prediction_record(trace, prediction, "this process")

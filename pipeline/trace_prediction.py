@@ -161,24 +161,27 @@ class Tracer:
         self.fake = FakeTensorMode(allow_non_fake_inputs=False, allow_fallback_kernels=False)
         self.fake.cache_enabled = False  # its cache keeps weak references to tensors
         self.recorder = make_recorder(self.torch)(self)
+        modes = [self.recorder]
         if not self.real:
-            self._patch_optimizers()
-            self._patch_swap()
-            self.fake.__enter__()
-        self.recorder.__enter__()
+            modes.insert(0, self.fake)
         if self.trace.device == "meta":
-            self.choices = make_choice_notes(self.torch, self.trace)()
-            self.choices.__enter__()
+            modes.append(make_choice_notes(self.torch, self.trace)())
+        try:
+            if not self.real:
+                self._patch_optimizers()
+                self._patch_swap()
+            for mode in modes:
+                mode.__enter__()
+                self._undo.append(lambda mode=mode: mode.__exit__(None, None, None))
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.trace.device == "meta":
-            self.choices.__exit__(*exc)
-        self.recorder.__exit__(*exc)
-        if not self.real:
-            self.fake.__exit__(*exc)
-        for undo in reversed(self._undo):
-            undo()
+        """Modes left and torch's functions restored, in reverse order, whatever happened."""
+        while self._undo:
+            self._undo.pop()()
 
     def phase(self, name: str, operation, repetition: int | None = None, passes: int = 1):
         row: dict = {"phase": name}

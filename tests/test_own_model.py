@@ -764,3 +764,24 @@ def test_the_facts_of_a_written_file_hold_and_a_tampered_one_is_caught(capsys, t
     assert "$.phases: 6 rows, the plan has 7" in tampered(drop_a_row)
     assert tampered(move_a_prediction) == ["$.phases[2].predicted: not $.prediction.phases[2]"]
     assert "$.phases[1]: peak_reserved_bytes < baseline_reserved_bytes" in tampered(peak_below_end)
+
+
+def test_a_failing_calibration_leaves_the_measurement_standing(capsys, tmp_path):
+    class BrokenProbe(HostGpu):
+        def probe(self, torch, device, trace):
+            raise RuntimeError("probe broke")
+
+    path = workload(tmp_path, LINEAR)
+    output = tmp_path / "m.json"
+    argv = ["measure", "--workload", f"{path}:linear", "--device", "cuda:0"]
+    assert own_model.main([*argv, "--output", str(output)], gpu=BrokenProbe()) == 0
+    assert "RuntimeError: probe broke" in capsys.readouterr().err
+    document = json.loads(output.read_text())
+    assert validate.validate_document(document, REGISTRY) == []
+    assert own_model.document_facts(document) == []
+    assert document["status"] == "completed"
+    assert document["prediction"]["status"] == "not predicted"
+    assert document["prediction"]["reason"] == (
+        "the calibration or the replay failed (RuntimeError): not predicted"
+    )
+    assert "calibration" not in document
