@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import math
 
 import mesure_memoire
 
@@ -72,6 +73,25 @@ META_CHOICES = {
     "cuDNN attention",
     "batch_norm": "traced on the meta device (no GPU), PyTorch takes its native kernel where "
     "a GPU may take cuDNN's, with other outputs",
+}
+# Operators whose scratch on a GPU depends on the tensors' values, which neither a fake
+# tensor nor a probe on zeros has: calibrated or not, the prediction for them is approximate.
+
+
+def embedding_backward_sorts(leaves: list) -> bool:
+    """embedding_dense_backward sorts its indices, and sizes its scratch by how many distinct
+    ones there are, beyond 3072 indices or with scale_grad_by_freq (torch's Embedding.cu);
+    below, it allocates its output only."""
+    indices, scale = leaves[1], leaves[4]
+    return math.prod(indices[2]) > 3072 or bool(scale)
+
+
+VALUE_DEPENDENT = {
+    "aten.embedding_dense_backward": (
+        embedding_backward_sorts,
+        "its GPU kernel sorts the indices and sizes its scratch by the number of distinct "
+        "ones, a value the trace does not have (the probe ran it on zeros)",
+    ),
 }
 UNCALIBRATED = (
     "not calibrated: the blocks its GPU kernel allocates besides its outputs "
@@ -824,6 +844,10 @@ def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> 
 
     for key, signature in trace.signatures.items():
         if signature.view:
+            continue
+        dependent = VALUE_DEPENDENT.get(packet(signature.name))
+        if dependent is not None and dependent[0](signature.leaves):
+            add(packet(signature.name), signature.calls, dependent[1])
             continue
         if calibration is not None and calibration.known(key):
             continue

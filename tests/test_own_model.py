@@ -785,3 +785,16 @@ def test_a_failing_calibration_leaves_the_measurement_standing(capsys, tmp_path)
         "the calibration or the replay failed (RuntimeError): not predicted"
     )
     assert "calibration" not in document
+
+
+@pytest.mark.parametrize(("batch", "why"), [(4, tp.UNCALIBRATED), (64, "sorts the indices")])
+def test_scratch_that_depends_on_values_is_named_beyond_the_sorting_threshold(capsys, batch, why):
+    """The decoder's 64 positions: 4 x 64 indices are below embedding backward's 3072, where
+    it allocates its output only; 64 x 64 are above, where it sorts them."""
+    from conftest import PIPELINE
+
+    spec = str(PIPELINE / "workloads" / "decoder_training.py:decoder_adamw")
+    document = estimate_json(capsys, spec, "--batch", str(batch), "--repeats", "1")
+    (entry,) = [e for e in document["prediction"]["unknown"] if "embedding" in e["op"]]
+    assert entry["op"] == "aten.embedding_dense_backward"
+    assert why in entry["why"]
