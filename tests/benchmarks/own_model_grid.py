@@ -1,7 +1,7 @@
 """The three example workloads measured and predicted on a real GPU, one swept to out of memory.
 
     python3 tests/benchmarks/own_model_grid.py --device cuda:0 --output-dir DIR \\
-        [--only grid,sweep,history] [--jobs 3] [--max-batch 1024]
+        [--only grid,sweep,history] [--jobs 2] [--max-batch 1024]
 
 Every point is `pipeline/own_model.py measure` in a fresh interpreter, writing DIR/<name>.json:
 
@@ -195,9 +195,11 @@ def real_events(snapshot: dict, index: int) -> list[tuple]:
 
 
 def grouped(events: list[tuple]) -> list[tuple]:
-    """Frees between two allocations as one sorted group: their order does not matter."""
+    """Frees between two allocations as one sorted group: their order does not matter.
+    Sizes in the allocator's 512-byte blocks, what the counters see."""
     out, frees = [], []
-    for kind, size, what in events:
+    for kind, nbytes, what in events:
+        size = max(512, -(-nbytes // 512) * 512)
         if kind == "free":
             frees.append(size)
             continue
@@ -230,7 +232,7 @@ def history(out: Path) -> list[dict]:
             real = grouped(real_events(data["snapshot"], index))
             predicted = []
             current = ""
-            for kind, size, what in data["replay"]:
+            for kind, size, what in data.get("replay", []):
                 if kind == "phase":
                     current = what
                     continue
@@ -306,7 +308,7 @@ if __name__ == "__main__":
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--only", default="grid,sweep,history")
-    parser.add_argument("--jobs", type=int, default=3, help="grid processes at a time")
+    parser.add_argument("--jobs", type=int, default=2, help="grid processes at a time")
     parser.add_argument("--max-batch", type=int, default=1024, help="the sweep's bound")
     ARGS = parser.parse_args()
     raise SystemExit(main())
