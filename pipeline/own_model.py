@@ -480,7 +480,7 @@ def trace_workload(torch, setting: Setting, index: int):
         raise
     except Exception as exc:  # the harness's own failure: said, and the measurement stands
         traceback.print_exc()
-        trace = trace_prediction.Trace(device, "", torch.__version__)
+        trace = trace_prediction.Trace(device, trace_prediction.build_of(torch), torch.__version__)
         trace.stopped = f"the trace itself failed ({type(exc).__name__}): not predicted"
     return trace, facts, (failure[0] if failure else None)
 

@@ -154,6 +154,10 @@ def signature_id(text: str) -> str:
 # ---------------------------------------------------------------- tracing
 
 
+def build_of(torch) -> str:
+    return "cuda" if torch.version.cuda or torch.version.hip else "cpu-only"
+
+
 def trace_device(torch, index: int) -> str:
     """Where a GPU is visible, the trace runs on fake `cuda:N` tensors, so that PyTorch makes
     that GPU's kernel choices; elsewhere on meta (autograd cannot run on fake CUDA tensors
@@ -170,7 +174,7 @@ class Tracer:
         self.real = not fake  # tests record a real run on the CPU the same way
         self.trace = Trace(
             device=device,
-            build="cuda" if torch.version.cuda or torch.version.hip else "cpu-only",
+            build=build_of(torch),
             torch_version=torch.__version__,
         )
         self._undo: list = []

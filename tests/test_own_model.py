@@ -798,3 +798,21 @@ def test_scratch_that_depends_on_values_is_named_beyond_the_sorting_threshold(ca
     (entry,) = [e for e in document["prediction"]["unknown"] if "embedding" in e["op"]]
     assert entry["op"] == "aten.embedding_dense_backward"
     assert why in entry["why"]
+
+
+def test_a_failing_trace_leaves_the_measurement_standing(capsys, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("tracer broke")
+
+    monkeypatch.setattr(tp, "run_trace", broken)
+    path = workload(tmp_path, LINEAR)
+    code, output = measure(tmp_path, f"{path}:linear")
+    assert code == 0
+    assert "RuntimeError: tracer broke" in capsys.readouterr().err
+    document = json.loads(output.read_text())
+    assert validate.validate_document(document, REGISTRY) == []
+    assert document["status"] == "completed"
+    assert (
+        document["prediction"]["reason"] == "the trace itself failed (RuntimeError): not predicted"
+    )
+    assert [row["predicted"] for row in document["phases"]] == [None] * 6
