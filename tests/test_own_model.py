@@ -278,6 +278,20 @@ def test_the_command_line_script_loads_a_workload_that_imports_own_model(tmp_pat
     assert not (tmp_path / "m.json").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here")
+def test_measure_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
+    path = workload(tmp_path, LINEAR)
+    result = run_script("own_model.py", "measure", "--workload", f"{path}:linear",
+                        "--device", "cuda:0", "--output", str(tmp_path / "m.json"),
+                        "--environment-output", str(tmp_path / "env.json"))  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == (
+        "own_model.py: error: no GPU is visible to PyTorch: measure needs one and never uses "
+        "the CPU\n"
+    )
+    assert list(tmp_path.iterdir()) == [path]
+
+
 # ------------------------------------------------------------------ the user's own exceptions
 
 
