@@ -1,0 +1,1015 @@
+"""Your own PyTorch model under the lab's protocol: measured on a GPU, predicted without one.
+
+    python3 pipeline/own_model.py measure --workload FILE.py:FUNCTION --device cuda:0 \\
+        --dtype bfloat16 --batch 8 [--dim NAME=VALUE ...] [--warmup 1 --repeats 2] \\
+        --output m.json [--environment-output env.json]
+    python3 pipeline/own_model.py estimate --workload FILE.py:FUNCTION --dtype bfloat16 \\
+        --batch 8 [--dim NAME=VALUE ...] [--calibration m.json] [--json]
+
+The workload file defines FUNCTION(config, *, name=default, ...): `config` has `device`,
+`dtype`, `batch` and `seed`; the keyword-only parameters with integer defaults are the
+workload's own dimensions (`--dim name=value`). It returns a `Workload` (below). `measure`
+runs it in this fresh process phase by phase (synchronise, baseline, peak reset, run,
+synchronise, end values: mesure_memoire.run_phase), after tracing it once on fake tensors to
+predict every counter (trace_prediction.py); `estimate` prints that prediction, no GPU.
+
+Exit codes: 0 done; 1 the workload's own code raised (its traceback on stderr; `measure`
+writes the run with status "failed" and the exception's type, never a measurement); 2 bad
+input, a broken contract or a missing prerequisite, nothing written; 3 the GPU ran out of
+memory (the file is written, status "out_of_memory").
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import gc
+import hashlib
+import importlib.util
+import inspect
+import itertools
+import json
+import pickle
+import re
+import statistics
+import sys
+import traceback
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import cli
+import mesure_memoire
+import trace_prediction
+
+TOOL = {"name": "own_model.py", "version": "1.0.0"}
+SCHEMA = "urn:iteragpu-lab:schema:own-model-measurement:v1"
+INFERENCE, STEP, TRAINING = "inference", "custom step", "training"
+DEFAULTS = {key: mesure_memoire.CONFIGURATION_DEFAULTS[key] for key in ("batch", "warmup")}
+DEFAULTS.update(repeats=mesure_memoire.CONFIGURATION_DEFAULTS["repeats"], dtype="float32")
+PHASE_SCOPES = {
+    "model_load": "the workload function: build the model, put it on the GPU (and make the "
+    "optimizer, which holds no state yet)",
+    "inputs": "make_inputs(): the inputs on the GPU",
+    "cold_step": "the first step: the model's forward under torch.inference_mode(), the "
+    "workload's own step, or for training the loss and loss.backward() (no optimizer step)",
+    "optimizer_state": "training only: the first optimizer.step(), which creates the "
+    "optimizer's state",
+    "warmup": "all warm-up steps together, one row (training: zero_grad, loss, backward, "
+    "optimizer.step)",
+    "warm_step": "one row per timed step after warm-up",
+}
+FAILED_NOTE = (
+    "the workload's own code raised an exception: this file records where, and is not a "
+    "measurement (never recorded, never compared with a prediction)"
+)
+
+
+# ---------------------------------------------------------------- the contract
+
+
+@dataclasses.dataclass
+class Workload:
+    """What a workload function returns.
+
+    model: a torch.nn.Module whose parameters and buffers are all on `config.device`.
+    make_inputs: make_inputs() returns the inputs, on `config.device`: a tensor, a tuple or
+        list (the model's positional arguments) or a dict (its keyword arguments).
+    step: without an optimizer, step(model, inputs) is the step timed instead of the default
+        forward under torch.inference_mode(). With an optimizer, step(model, inputs) returns
+        the loss (one value that requires grad) and the harness calls loss.backward() and
+        optimizer.step() itself, so that the first optimizer step is a phase of its own.
+        Either way the step returns what it computed (a tensor, or a tuple, list or dict
+        holding tensors): the protocol reads each phase's end values with the result alive
+        and frees it before the next phase. A step that returned nothing would have dropped
+        its result inside (end values without it) or kept it somewhere (memory carried into
+        every later phase): neither is the row the protocol defines, so it is refused.
+    optimizer: a torch.optim.Optimizer over the model's parameters: a training step.
+    """
+
+    model: Any
+    make_inputs: Callable[[], Any]
+    step: Callable[[Any, Any], Any] | None = None
+    optimizer: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Configuration:
+    """What the workload function receives: put everything on `device`, in `dtype`."""
+
+    device: Any  # torch.device; a fake one while the workload is traced
+    dtype: Any  # torch.dtype
+    batch: int
+    seed: int
+
+
+class UserCodeError(Exception):
+    """An exception raised by the workload's own code: theirs, shown with its traceback."""
+
+    def __init__(self, phase: str, repetition: int | None, original: BaseException):
+        super().__init__(f"{type(original).__name__} in {phase}")
+        self.phase, self.repetition, self.original = phase, repetition, original
+
+
+@dataclasses.dataclass
+class WorkloadFile:
+    path: Path
+    function: str
+    source: str
+    sha256: str
+
+
+def workload_argument(text: str) -> tuple[Path, str]:
+    match = re.fullmatch(r"(.+):([A-Za-z_][A-Za-z0-9_]*)", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected FILE.py:FUNCTION, got {text!r}")
+    return Path(match.group(1)), match.group(2)
+
+
+def dimension_argument(text: str) -> tuple[str, int]:
+    match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)", text)
+    if not match or int(match.group(2)) == 0:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE with a positive integer VALUE, got {text!r}"
+        )
+    return match.group(1), int(match.group(2))
+
+
+def read_workload_file(path: Path, function: str) -> WorkloadFile:
+    """Checked before torch is imported: a file that is there, is Python, and defines the
+    function at its top level."""
+    if not path.exists():
+        raise cli.UsageError(f"--workload {path}: no such file")
+    if not path.is_file():
+        raise cli.UsageError(f"--workload {path}: not a file")
+    if path.suffix != ".py":
+        raise cli.UsageError(f"--workload {path}: not a Python file (.py)")
+    data = path.read_bytes()
+    try:
+        source = data.decode("utf-8")
+        tree = ast.parse(source, filename=path.name)
+    except UnicodeDecodeError:
+        raise cli.UsageError(f"--workload {path}: not Python (not UTF-8 text)") from None
+    except SyntaxError as exc:
+        raise cli.UsageError(
+            f"--workload {path}: not Python ({exc.msg} at line {exc.lineno})"
+        ) from None
+    except ValueError:  # null bytes
+        raise cli.UsageError(f"--workload {path}: not Python (null bytes)") from None
+    if function not in top_level_names(tree):
+        raise cli.UsageError(f"--workload {path}: no function {function} at its top level")
+    return WorkloadFile(path, function, source, hashlib.sha256(data).hexdigest())
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+_imports = itertools.count()
+
+
+def import_workload(file: WorkloadFile):
+    """A fresh module each time, from the very bytes that were hashed: the trace and the
+    measurement share no module-level state. Its exceptions are the user's."""
+    name = f"_iteragpu_workload_{next(_imports)}"
+    module = importlib.util.module_from_spec(
+        importlib.util.spec_from_loader(name, loader=None, origin=str(file.path))
+    )
+    module.__file__ = str(file.path)
+    sys.modules[name] = module  # dataclasses and pickle look classes up there
+    try:
+        exec(compile(file.source, str(file.path), "exec"), module.__dict__)
+    except Exception as exc:
+        raise UserCodeError("import", None, exc) from exc
+    return module
+
+
+def workload_function(module, file: WorkloadFile) -> tuple[Callable, dict[str, int]]:
+    """The function and its declared dimensions (keyword-only parameters, integer defaults)."""
+    function = getattr(module, file.function, None)
+    if not callable(function):
+        raise cli.UsageError(f"--workload {file.path}: {file.function} is not a function")
+    shape = (
+        f"{file.function} must take the configuration as its only positional parameter and "
+        "its dimensions as keyword-only parameters with integer defaults"
+    )
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        raise cli.UsageError(shape) from None
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    declared = {}
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise cli.UsageError(shape)
+        if parameter.kind == parameter.KEYWORD_ONLY:
+            default = parameter.default
+            if isinstance(default, bool) or not isinstance(default, int) or default <= 0:
+                raise cli.UsageError(f"{shape}: {parameter.name} has no positive integer default")
+            declared[parameter.name] = default
+    if len(positional) != 1:
+        raise cli.UsageError(shape)
+    return function, declared
+
+
+def resolve_dimensions(function: str, declared: dict, given: list[tuple[str, int]]) -> dict:
+    dims = dict(declared)
+    seen = set()
+    for name, value in given:
+        if name not in declared:
+            known = ", ".join(declared) or "none"
+            raise cli.UsageError(f"--dim {name}: {function} declares no such dimension ({known})")
+        if name in seen:
+            raise cli.UsageError(f"--dim {name}: given twice")
+        seen.add(name)
+        dims[name] = value
+    return dims
+
+
+# ---------------------------------------------------------------- checks of what the user gave
+
+
+def tensors_in(torch, value) -> list:
+    from torch.utils._pytree import tree_flatten
+
+    return [x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
+
+
+def check_workload(torch, workload, device, function: str) -> str:
+    """The returned Workload, checked before anything runs on it; returns its kind."""
+    if not isinstance(workload, Workload):
+        raise cli.UsageError(
+            f"{function} returned {type(workload).__name__}, expected own_model.Workload"
+            "(model, make_inputs, step=None, optimizer=None)"
+        )
+    if not isinstance(workload.model, torch.nn.Module):
+        raise cli.UsageError(f"Workload.model is a {type(workload.model).__name__}, not a Module")
+    if not callable(workload.make_inputs):
+        raise cli.UsageError("Workload.make_inputs is not callable")
+    if workload.step is not None and not callable(workload.step):
+        raise cli.UsageError("Workload.step is not callable")
+    if workload.optimizer is not None:
+        if not isinstance(workload.optimizer, torch.optim.Optimizer):
+            name = type(workload.optimizer).__name__
+            raise cli.UsageError(f"Workload.optimizer is a {name}, not a torch.optim.Optimizer")
+        if workload.step is None:
+            raise cli.UsageError(
+                "a training workload (an optimizer given) needs step(model, inputs) "
+                "returning the loss"
+            )
+    named = itertools.chain(
+        (("parameter", n, t) for n, t in workload.model.named_parameters()),
+        (("buffer", n, t) for n, t in workload.model.named_buffers()),
+    )
+    for what, name, tensor in named:
+        if tensor.device != device:
+            raise cli.UsageError(
+                f"the model's {what} {name} is on {tensor.device}, not {device}: "
+                "move the model with .to(config.device)"
+            )
+    if workload.optimizer is not None:
+        return TRAINING
+    return INFERENCE if workload.step is None else STEP
+
+
+def check_inputs(torch, inputs, device) -> None:
+    for tensor in tensors_in(torch, inputs):
+        if tensor.device != device:
+            raise cli.UsageError(
+                f"make_inputs() returned a tensor on {tensor.device}, not {device}"
+            )
+
+
+def check_result(torch, result) -> None:
+    if not tensors_in(torch, result):
+        raise cli.UsageError(
+            f"the step returned {type(result).__name__}: a step must return what it computed "
+            "(a tensor, or a tuple, list or dict of tensors), which the harness frees after "
+            "each phase's end values"
+        )
+
+
+def check_loss(torch, loss) -> None:
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
+        got = type(loss).__name__
+        if isinstance(loss, torch.Tensor):
+            got = f"a tensor of {loss.numel()} element(s), requires_grad={loss.requires_grad}"
+        raise cli.UsageError(
+            "the step of a training workload must return the loss, one value that requires "
+            f"grad; it returned {got}"
+        )
+
+
+def counted(tensors) -> dict:
+    by_dtype: dict[str, dict] = {}
+    for tensor in tensors:
+        entry = by_dtype.setdefault(str(tensor.dtype).removeprefix("torch."), {"count": 0})
+        entry["count"] += tensor.numel()
+        entry["bytes"] = entry.get("bytes", 0) + tensor.numel() * tensor.element_size()
+    return {
+        "count": sum(e["count"] for e in by_dtype.values()),
+        "bytes": sum(e["bytes"] for e in by_dtype.values()),
+        "by_dtype": dict(sorted(by_dtype.items())),
+    }
+
+
+# ---------------------------------------------------------------- the phases
+
+
+def planned_phases(kind: str, repeats: int) -> list[str]:
+    first = ["cold_step", "optimizer_state"] if kind == TRAINING else ["cold_step"]
+    return ["model_load", "inputs", *first, "warmup", *["warm_step"] * repeats]
+
+
+def call_model(model, inputs):
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def step_plan(torch, workload: Workload, inputs, kind: str, warmup: int, repeats: int):
+    """(phase, repetition, passes, operation) after the model and the inputs. Each operation
+    returns its last step's result, so that it is alive for the end values; an earlier
+    step's result is freed before the next step starts."""
+    model, step, optimizer = workload.model, workload.step, workload.optimizer
+
+    def steps(count: int, first: bool = False):
+        def run():
+            result = None
+            for _ in range(count):
+                result = None
+                if kind == INFERENCE:
+                    with torch.inference_mode():
+                        result = call_model(model, inputs)
+                elif kind == STEP:
+                    result = step(model, inputs)
+                else:
+                    if not first:
+                        optimizer.zero_grad()
+                    result = step(model, inputs)
+                    check_loss(torch, result)
+                    result.backward()
+                    if not first:
+                        optimizer.step()
+                check_result(torch, result)
+            return result
+
+        return run
+
+    def first_optimizer_step():
+        optimizer.step()
+
+    plan = [("cold_step", None, 1, steps(1, first=True))]
+    if kind == TRAINING:
+        plan.append(("optimizer_state", None, 1, first_optimizer_step))
+    plan.append(("warmup", None, warmup, steps(warmup)))
+    plan += [("warm_step", i, 1, steps(1)) for i in range(1, repeats + 1)]
+    return plan
+
+
+def drive(torch, phase, function, name, config, dims, warmup, repeats, rows, facts, passthrough):
+    """Every phase in order, with `phase` (run_phase on the GPU, Tracer.phase in the trace);
+    each row appended as soon as it is read, what is known of the workload put in `facts`.
+    Exceptions from the user's code become UserCodeError, the others pass through."""
+
+    def user(operation, phase_name, repetition=None):
+        def run():
+            try:
+                return operation()
+            except (cli.UsageError, *passthrough):
+                raise
+            except Exception as exc:
+                raise UserCodeError(phase_name, repetition, exc) from exc
+
+        return run
+
+    row, workload = phase("model_load", user(lambda: function(config, **dims), "model_load"))
+    rows.append(row)
+    kind = check_workload(torch, workload, config.device, name)
+    facts["kind"] = kind
+    facts["optimizer"] = type(workload.optimizer).__name__ if workload.optimizer else None
+    facts["parameters"] = counted(workload.model.parameters())
+    facts["buffers"] = counted(workload.model.buffers())
+    row, inputs = phase("inputs", user(workload.make_inputs, "inputs"))
+    rows.append(row)
+    check_inputs(torch, inputs, config.device)
+    facts["inputs"] = [
+        {
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "bytes": t.numel() * t.element_size(),
+        }
+        for t in tensors_in(torch, inputs)
+    ]
+    for phase_name, repetition, count, operation in step_plan(
+        torch, workload, inputs, kind, warmup, repeats
+    ):
+        # [0]: the step's result, alive for the end values, is dropped before the next phase.
+        rows.append(
+            phase(phase_name, user(operation, phase_name, repetition), repetition, count)[0]
+        )
+
+
+# ---------------------------------------------------------------- trace and measurement
+
+
+@dataclasses.dataclass
+class Setting:
+    """The configuration of one run, as the command line gave it."""
+
+    file: WorkloadFile
+    dtype: str
+    batch: int
+    dims: dict
+    declared: dict
+    warmup: int
+    repeats: int
+    seed: int
+    given: list = dataclasses.field(default_factory=list)  # the --dim options
+
+
+def trace_workload(torch, setting: Setting, index: int):
+    """(Trace, facts, the user's exception or None): the protocol run once on fake tensors.
+    The module is imported again inside the trace, so its own tensors are fake too."""
+    from torch._subclasses import fake_tensor
+
+    device = trace_prediction.trace_device(torch, index)
+    dtype = getattr(torch, setting.dtype)
+    config = Configuration(torch.device(device), dtype, setting.batch, setting.seed)
+    facts: dict = {}
+    failure: list = []
+    limits = (
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+        fake_tensor.UnsupportedOperatorException,
+        trace_prediction.TraceStopped,
+    )
+
+    def run(phase) -> None:
+        try:
+            module = import_workload(setting.file)
+            function = getattr(module, setting.file.function)
+            torch.manual_seed(setting.seed)
+            drive(
+                torch, phase, function, setting.file.function, config, setting.dims,
+                setting.warmup, setting.repeats, [], facts, limits,
+            )  # fmt: skip
+        except UserCodeError as exc:
+            failure.append(exc)
+            raise trace_prediction.TraceStopped(
+                f"the workload's own code raised {type(exc.original).__name__} in "
+                f"{exc.phase} on fake tensors: the trace cannot follow it"
+            ) from None
+
+    try:
+        trace = trace_prediction.run_trace(torch, device, run)
+    except (cli.UsageError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the harness's own failure: said, and the measurement stands
+        traceback.print_exc()
+        trace = trace_prediction.Trace(device, trace_prediction.build_of(torch), torch.__version__)
+        trace.stopped = f"the trace itself failed ({type(exc).__name__}): not predicted"
+    return trace, facts, (failure[0] if failure else None)
+
+
+def configuration_record(setting: Setting, device: str) -> dict:
+    return {
+        "device": device,
+        "dtype": setting.dtype,
+        "batch": setting.batch,
+        "dims": setting.dims,
+        "warmup": setting.warmup,
+        "repeats": setting.repeats,
+        "seed": setting.seed,
+    }
+
+
+def workload_record(setting: Setting, facts: dict, rows: list[dict]) -> dict:
+    """What was run, never where it lives: the file's name and SHA-256, not its path."""
+    kind = facts.get("kind")
+    return {
+        "file": setting.file.path.name,
+        "sha256": setting.file.sha256,
+        "function": setting.file.function,
+        "dimensions": setting.dims,
+        "declared_defaults": setting.declared,
+        "kind": kind,
+        "optimizer": facts.get("optimizer"),
+        "parameters": facts.get("parameters"),
+        "buffers": facts.get("buffers"),
+        "inputs": facts.get("inputs"),
+        "phases_planned": planned_phases(kind, setting.repeats) if kind else None,
+        "phases_run": [row["phase"] for row in rows],
+    }
+
+
+def prediction_record(trace, prediction, calibration_source: str | None) -> dict:
+    rows = trace_prediction.prediction_rows(prediction)
+    record = {
+        "status": prediction.status,
+        "unknown": prediction.unknown,
+        "method": trace_prediction.METHOD,
+        "trace": {
+            "torch": trace.torch_version,
+            "build": trace.build,
+            "device": trace.device,
+            "operator_calls": trace.operator_calls,
+            "distinct_calls": len(trace.signatures),
+        },
+        "calibration": calibration_source,
+        "phases": rows,
+        "largest_peak_allocated_bytes": max(
+            (r["peak_allocated_bytes"] for r in rows), default=None
+        ),
+        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in rows), default=None),
+    }
+    if prediction.reason is not None:
+        record["reason"] = prediction.reason
+    return record
+
+
+def compare(document: dict) -> None:
+    """Each measured row gets its predicted counters; the summary the largest differences."""
+    predicted = document["prediction"]["phases"]
+    phases = document["phases"]
+    for row, expected in itertools.zip_longest(phases, predicted[: len(phases)]):
+        row["predicted"] = (
+            {k: expected[k] for k in mesure_memoire.COUNTER_KEYS} if expected else None
+        )
+    summary = document["summary"]["prediction"]
+    if document["prediction"]["status"] == trace_prediction.NOT_PREDICTED or not phases:
+        summary.update(by_counter=None, held=None)
+        summary["largest_abs_difference_allocated_bytes"] = None
+        summary["largest_abs_difference_reserved_bytes"] = None
+        return
+    by_counter = {
+        key: max(abs(row[key] - row["predicted"][key]) for row in phases)
+        for key in mesure_memoire.COUNTER_KEYS
+    }
+    summary["by_counter"] = by_counter
+    summary["largest_abs_difference_allocated_bytes"] = max(
+        v for k, v in by_counter.items() if "allocated" in k
+    )
+    summary["largest_abs_difference_reserved_bytes"] = max(
+        v for k, v in by_counter.items() if "reserved" in k
+    )
+    exact = document["prediction"]["status"] == trace_prediction.EXACT
+    summary["held"] = not any(by_counter.values()) if exact else None
+
+
+def summarise(document: dict) -> dict:
+    phases = document["phases"]
+    warm = [row for row in phases if row["phase"] == "warm_step"]
+    summary = {
+        "phases_completed": len(phases),
+        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
+        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
+        "warm_step_median_event_time_ns": (
+            statistics.median(r["event_time_ns"] for r in warm) if warm else None
+        ),
+        "warm_step_median_wall_time_ns": (
+            statistics.median(r["wall_time_ns"] for r in warm) if warm else None
+        ),
+    }
+    applicable, because = mesure_memoire.prediction_applicability(document["environment"])
+    summary["prediction"] = {"status": document["prediction"]["status"], "applicable": applicable}
+    if not applicable:
+        summary["prediction"]["not_applicable_because"] = because
+    return summary
+
+
+class Gpu:
+    """Everything `measure` asks of the GPU, in one place: the tests stand a CPU in for it."""
+
+    def check(self, torch, index: int, text: str) -> None:
+        mesure_memoire.check_gpu(torch, index, text)
+
+    def environment(self, index: int, text: str, driver_query, process_start: str) -> dict:
+        return mesure_memoire.collect_environment(index, text, driver_query, process_start)
+
+    def start(self, torch, index: int):
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+        torch.cuda.init()
+        if torch.cuda.memory_reserved(device):  # the trace must leave nothing behind
+            torch.cuda.empty_cache()
+        return device
+
+    def runtime(self, torch):
+        """What mesure_memoire.run_phase reads the counters and events from."""
+        return torch.cuda
+
+    def probe(self, torch, device, trace) -> trace_prediction.Calibration:
+        return trace_prediction.probe_operators(torch, device, trace)
+
+    def history(self, torch, on: bool):
+        if on:
+            trace_prediction.start_history(torch)
+            return None
+        snapshot = torch.cuda.memory._snapshot()
+        trace_prediction.stop_history(torch)
+        return snapshot
+
+
+def run_measurement(torch, gpu, setting, device, function, traced, document, history) -> int:
+    """The phases on the GPU; then, the protocol untouched, the probes and the prediction."""
+    config = Configuration(device, getattr(torch, setting.dtype), setting.batch, setting.seed)
+    rows, facts = document["phases"], {}
+    runtime = gpu.runtime(torch)
+    if history is not None:
+        gpu.history(torch, True)
+    torch.manual_seed(setting.seed)
+    status, failure = "completed", None
+    try:
+        drive(
+            torch, partial(mesure_memoire.run_phase, runtime, device), function,
+            setting.file.function, config, setting.dims, setting.warmup, setting.repeats,
+            rows, facts, (runtime.OutOfMemoryError,),
+        )  # fmt: skip
+    except mesure_memoire.OutOfMemory as oom:
+        status = "out_of_memory"
+        failure = {
+            "phase": oom.row["phase"],
+            "repetition": oom.row.get("repetition"),
+            "error": mesure_memoire.oom_summary(str(oom)),
+            "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
+        }
+    except UserCodeError as exc:
+        status = "failed"
+        traceback.print_exception(exc.original)
+        failure = user_failure(exc)
+    if history is not None:
+        history["snapshot"] = gpu.history(torch, False)
+    document["status"] = status
+    document["workload"] = workload_record(setting, facts or traced[1], rows)
+    if failure is not None:
+        document["failure"] = failure
+    if status == "failed":
+        return cli.INVALID
+    gc.collect()  # the workload's tensors go before the probes need room
+    trace, calibration = traced[0], None
+    try:
+        if trace.stopped is None:
+            calibration = gpu.probe(torch, device, trace)
+            document["calibration"] = calibration.to_json(trace)
+        prediction = trace_prediction.predict(trace, calibration)
+    except Exception as exc:  # the harness's own failure: said, and the measurement stands
+        traceback.print_exc()
+        document.pop("calibration", None)
+        reason = f"the calibration or the replay failed ({type(exc).__name__}): not predicted"
+        prediction = trace_prediction.Prediction(trace_prediction.NOT_PREDICTED, [], [], [], reason)
+    if history is not None:
+        history["replay"] = prediction.log
+    document["prediction"] = prediction_record(trace, prediction, "this process")
+    for row in rows:
+        row["harness_overhead_ns"] = row["wall_time_ns"] - row["event_time_ns"]
+    document["summary"] = summarise(document)
+    compare(document)
+    return cli.OUT_OF_MEMORY if status == "out_of_memory" else cli.OK
+
+
+def user_failure(exc: UserCodeError) -> dict:
+    """Where the user's code raised and the exception's type: never its message, which may
+    hold paths or data."""
+    return {
+        "phase": exc.phase,
+        "repetition": exc.repetition,
+        "exception_type": type(exc.original).__name__,
+        "note": FAILED_NOTE,
+    }
+
+
+def setting_from(args) -> Setting:
+    file = read_workload_file(*args.workload)
+    return Setting(
+        file, args.dtype, args.batch, {}, {}, args.warmup, args.repeats, args.seed, args.dim
+    )
+
+
+def load(setting: Setting):
+    """Import the workload once for real; its function and dimensions, checked."""
+    module = import_workload(setting.file)
+    function, declared = workload_function(module, setting.file)
+    setting.declared = declared
+    setting.dims = resolve_dimensions(setting.file.function, declared, setting.given)
+    return function
+
+
+def measure(args, gpu: Gpu) -> int:
+    output = Path(args.output)
+    mesure_memoire.refuse_existing(output)
+    extra = [Path(p) for p in (args.environment_output, args.memory_history) if p]
+    for path in extra:
+        mesure_memoire.refuse_existing(path)
+    if len({p.resolve() for p in [output, *extra]}) != 1 + len(extra):
+        raise cli.UsageError("--output, --environment-output and --memory-history: one file each")
+    setting = setting_from(args)
+    driver_query = mesure_memoire.start_driver_query()
+    cuda_driver = mesure_memoire.start_cuda_driver(args.device)
+    torch = mesure_memoire.import_torch()
+    gpu.check(torch, args.device, args.device_text)
+    failed = None
+    try:
+        function = load(setting)
+    except UserCodeError as exc:
+        failed, function = exc, None
+    if failed is None:
+        traced = trace_workload(torch, setting, args.device)
+    environment = gpu.environment(args.device, args.device_text, driver_query, args.process_start)
+    mesure_memoire.stop_cuda_driver(cuda_driver)
+    if args.environment_output:
+        document = mesure_memoire.environment_document(environment)
+        mesure_memoire.write_result(Path(args.environment_output), document)
+    document = {
+        "schema": SCHEMA,
+        "tool": TOOL,
+        "created_utc": mesure_memoire.utc_now(),
+        "status": "running",
+        "environment": environment,
+        "configuration": configuration_record(setting, f"cuda:{args.device}"),
+        "workload": None,
+        "clocks": mesure_memoire.CLOCKS,
+        "counters": mesure_memoire.COUNTERS,
+        "phase_scopes": PHASE_SCOPES,
+        "phases": [],
+    }
+    if failed is not None:
+        traceback.print_exception(failed.original)
+        document["status"] = "failed"
+        document["workload"] = workload_record(setting, {}, [])
+        document["failure"] = user_failure(failed)
+        code = cli.INVALID
+    else:
+        history = {} if args.memory_history else None
+        device = gpu.start(torch, args.device)
+        code = run_measurement(torch, gpu, setting, device, function, traced, document, history)
+        if history is not None and "snapshot" in history:
+            history["phases"] = [row["phase"] for row in document["phases"]]
+            cli.write_new(Path(args.memory_history), pickle.dumps(history))
+    mesure_memoire.write_result(output, document)
+    print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
+    if code == cli.OUT_OF_MEMORY:
+        failure = document["failure"]
+        print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)
+    elif code == cli.INVALID:
+        failure = document["failure"]
+        print(
+            f"own_model.py: the workload raised {failure['exception_type']} in "
+            f"{failure['phase']} (traceback above): recorded as failed, not a measurement",
+            file=sys.stderr,
+        )
+    return code
+
+
+# ---------------------------------------------------------------- facts a schema cannot state
+
+
+def document_facts(document: dict) -> list[str]:
+    """For validate.py: the rows follow the plan, their counters are consistent, and the
+    summary and the predictions beside them say what the rows say. Each error has its path."""
+    if document["status"] == "predicted":
+        return prediction_peak_facts(document["prediction"])
+    errors = []
+    rows, record = document["phases"], document["workload"]
+    names = [row["phase"] for row in rows]
+    planned = record["phases_planned"] or []
+    if record["phases_run"] != names:
+        errors.append("$.workload.phases_run: not the phases of the rows")
+    if names != planned[: len(names)]:
+        errors.append(f"$.phases: {names} do not follow the plan {planned}")
+    status = document["status"]
+    if status == "completed" and names != planned:
+        errors.append(f"$.phases: {len(names)} rows, the plan has {len(planned)}")
+    if status != "completed":
+        failure = document["failure"]
+        expected = (
+            "import" if failure["phase"] == "import" else planned[len(names) : len(names) + 1]
+        )
+        if failure["phase"] == "import" and names:
+            errors.append("$.failure.phase: import, but phases ran")
+        elif failure["phase"] != "import" and [failure["phase"]] != expected and planned:
+            errors.append(f"$.failure.phase: {failure['phase']!r}, the next planned is {expected}")
+    warm = [row.get("repetition") for row in rows if row["phase"] == "warm_step"]
+    if warm != list(range(1, len(warm) + 1)):
+        errors.append(f"$.phases: warm_step repetitions {warm} are not 1, 2, ...")
+    for i, row in enumerate(rows):
+        errors += counter_facts(f"$.phases[{i}]", row)
+        want = document["configuration"]["warmup"] if row["phase"] == "warmup" else 1
+        if row["passes"] != want:
+            errors.append(f"$.phases[{i}].passes: {row['passes']}, expected {want}")
+    if status == "failed":
+        return errors
+    errors += prediction_peak_facts(document["prediction"])
+    predicted = document["prediction"]["phases"]
+    for i, row in enumerate(rows):
+        if row["harness_overhead_ns"] != row["wall_time_ns"] - row["event_time_ns"]:
+            errors.append(f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns")
+        expected = None
+        if i < len(predicted):
+            expected = {key: predicted[i][key] for key in mesure_memoire.COUNTER_KEYS}
+        if row["predicted"] != expected:
+            errors.append(f"$.phases[{i}].predicted: not $.prediction.phases[{i}]")
+    summary = document["summary"]
+    expected_summary = summarise(document)
+    for key in ("phases_completed", "largest_peak_allocated_bytes", "largest_peak_reserved_bytes"):
+        if summary[key] != expected_summary[key]:
+            errors.append(f"$.summary.{key}: {summary[key]}, the rows give {expected_summary[key]}")
+    copy = {"phases": [dict(row) for row in rows], "prediction": document["prediction"]}
+    copy["summary"] = {"prediction": {}}
+    compare(copy)
+    for key, value in copy["summary"]["prediction"].items():
+        if summary["prediction"][key] != value:
+            errors.append(
+                f"$.summary.prediction.{key}: {summary['prediction'][key]}, the rows give {value}"
+            )
+    return errors
+
+
+def counter_facts(where: str, row: dict) -> list[str]:
+    """Allocated is part of reserved; a peak is at least the start and the end."""
+    errors = []
+    for prefix in ("baseline_", "", "peak_"):
+        if row[f"{prefix}allocated_bytes"] > row[f"{prefix}reserved_bytes"]:
+            errors.append(f"{where}: {prefix}allocated_bytes > {prefix}reserved_bytes")
+    for kind in ("allocated", "reserved"):
+        for start in (f"baseline_{kind}_bytes", f"{kind}_bytes"):
+            if row[f"peak_{kind}_bytes"] < row[start]:
+                errors.append(f"{where}: peak_{kind}_bytes < {start}")
+    return errors
+
+
+def prediction_peak_facts(prediction: dict) -> list[str]:
+    errors = []
+    for i, row in enumerate(prediction["phases"]):
+        errors += counter_facts(f"$.prediction.phases[{i}]", row)
+    for kind in ("allocated", "reserved"):
+        largest = max((r[f"peak_{kind}_bytes"] for r in prediction["phases"]), default=None)
+        if prediction[f"largest_peak_{kind}_bytes"] != largest:
+            errors.append(f"$.prediction.largest_peak_{kind}_bytes: not the phases' largest")
+    return errors
+
+
+# ---------------------------------------------------------------- estimate (no GPU)
+
+
+def estimate(args) -> int:
+    setting = setting_from(args)
+    calibration, source = None, None
+    if args.calibration is not None:
+        calibration, source = read_calibration(Path(args.calibration))
+    torch = mesure_memoire.import_torch()
+    try:
+        load(setting)
+        trace, facts, failure = trace_workload(torch, setting, 0)
+    except UserCodeError as exc:
+        failure, trace = exc, None
+    if failure is not None:
+        traceback.print_exception(failure.original)
+        print(
+            f"own_model.py: the workload raised {type(failure.original).__name__} in "
+            f"{failure.phase} (traceback above): not predicted",
+            file=sys.stderr,
+        )
+        return cli.INVALID
+    prediction = trace_prediction.predict(trace, calibration)
+    document = {
+        "schema": SCHEMA,
+        "tool": TOOL,
+        "created_utc": mesure_memoire.utc_now(),
+        "status": "predicted",
+        "configuration": configuration_record(setting, trace.device),
+        "workload": workload_record(setting, facts, []),
+        "phase_scopes": PHASE_SCOPES,
+        "prediction": prediction_record(trace, prediction, source),
+    }
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print_estimate(document)
+    return cli.OK
+
+
+def read_calibration(path: Path):
+    """An own-model measurement's calibration, for operator calls with the same signatures."""
+    try:
+        document = json.loads(path.read_bytes())
+        calibration = trace_prediction.Calibration.from_json(document, path.name)
+        gpu = document["environment"]["gpu"].get("name")
+        version = document["environment"]["torch"].get("version")
+    except (ValueError, KeyError, TypeError):
+        raise cli.UsageError(
+            f"--calibration {path}: not an own_model.py measurement with a calibration"
+        ) from None
+    if document.get("schema") != SCHEMA:
+        raise cli.UsageError(f"--calibration {path}: not an own_model.py measurement")
+    return calibration, f"{path.name} ({gpu}, torch {version})"
+
+
+def print_estimate(document: dict) -> None:
+    prediction = document["prediction"]
+    print("predicted PyTorch allocator counters, bytes (baseline / end / peak)")
+    for row in prediction["phases"]:
+        print(
+            f"{row['phase']:<15} allocated {row['baseline_allocated_bytes']:>14} "
+            f"{row['allocated_bytes']:>14} {row['peak_allocated_bytes']:>14}   reserved "
+            f"{row['baseline_reserved_bytes']:>14} {row['reserved_bytes']:>14} "
+            f"{row['peak_reserved_bytes']:>14}"
+        )
+    trace = prediction["trace"]
+    print(
+        f"prediction: {prediction['status']} (traced on {trace['device']}, torch "
+        f"{trace['torch']}; calibration: {prediction['calibration'] or 'none'})"
+    )
+    if "reason" in prediction:
+        print(f"  {prediction['reason']}")
+    for entry in prediction["unknown"]:
+        calls = f" ({entry['calls']} calls)" if entry["calls"] else ""
+        print(f"  unknown: {entry['op']}{calls}: {entry['why']}")
+
+
+# ---------------------------------------------------------------- command line
+
+
+def build_parser() -> cli.Parser:
+    parser = cli.Parser(prog="own_model.py", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
+    measure_parser = commands.add_parser("measure", help="measure a workload phase by phase")
+    estimate_parser = commands.add_parser("estimate", help="predict its counters, no GPU")
+    for p in (measure_parser, estimate_parser):
+        p.add_argument(
+            "--workload",
+            required=True,
+            type=workload_argument,
+            metavar="FILE.py:FUNCTION",
+            help="the file and the function that returns a Workload",
+        )
+        p.add_argument(
+            "--dtype", choices=sorted(mesure_memoire.DTYPE_BYTES), default=DEFAULTS["dtype"]
+        )
+        for name in ("batch", "warmup", "repeats"):
+            p.add_argument(
+                f"--{name}",
+                type=mesure_memoire.positive_int,
+                default=DEFAULTS[name],
+                help=f"(default {DEFAULTS[name]})",
+            )
+        p.add_argument("--seed", type=mesure_memoire.non_negative_int, default=0)
+        p.add_argument(
+            "--dim",
+            type=dimension_argument,
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="one of the function's declared dimensions (keyword-only parameters)",
+        )
+    measure_parser.add_argument("--device", required=True, type=cli.device, help="cuda or cuda:N")
+    measure_parser.add_argument("--output", required=True, help="a new JSON file")
+    measure_parser.add_argument("--environment-output", help="also the environment, a new file")
+    measure_parser.add_argument(
+        "--memory-history",
+        metavar="FILE",
+        help="also record the allocator's history during the phases (no stack traces) and "
+        "the replayed prediction, pickled into this new file, to find where they part",
+    )
+    estimate_parser.add_argument(
+        "--calibration",
+        metavar="MEASUREMENT.json",
+        help="an own_model.py measurement whose calibration covers these operator calls",
+    )
+    estimate_parser.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def main(
+    argv: list[str] | None = None,
+    process_start: str = mesure_memoire.FRESH_INTERPRETER,
+    gpu: Gpu | None = None,
+):
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        args.process_start = process_start
+        if args.command == "estimate":
+            return estimate(args)
+        args.device_text = args.device
+        args.device = mesure_memoire.device_index(args.device)
+        return measure(args, gpu or Gpu())
+
+    return cli.run("own_model.py", body, interrupted="nothing was written")
+
+
+if __name__ == "__main__":
+    sys.modules.setdefault("own_model", sys.modules[__name__])  # `from own_model import Workload`
+    raise SystemExit(main())

@@ -1,0 +1,879 @@
+"""Predict any workload's allocator counters without running it on a GPU: trace, then replay.
+
+The workload runs once, phase by phase as `own_model.py measure` runs it, under PyTorch's
+FakeTensorMode (tensors with shapes and no memory) and a dispatch mode that sees every
+operator: each new storage on the device is an allocation of its size in bytes, each storage
+whose last reference goes (a weak reference that expires) is a free, in the order they
+happen. `mesure_memoire.AllocatorModel` replays that sequence with the same phase boundaries
+(baseline, peak reset, end values) and gives the six counters of every phase.
+
+What no trace shows are the blocks a GPU kernel allocates inside one operator: cuBLAS and
+cuBLASLt workspaces (kept, one set per thread that calls them), cuDNN convolution
+workspaces, attention kernels' scratch, reductions' buffers. On a GPU, `probe_operators`
+runs each distinct operator call of the trace once more, on fresh tensors, with the
+allocator's history recorded, and keeps what it allocated besides its outputs: the
+calibration. Without one, an operator not known to allocate only its outputs makes the
+prediction "approximate", named; where the trace cannot follow the code (shapes that depend
+on tensor values, an operator with no fake implementation) the prediction is "not
+predicted", never a figure.
+
+Standard library at module level: torch is imported by the functions that need it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import math
+
+import mesure_memoire
+
+EXACT, APPROXIMATE, NOT_PREDICTED = "exact", "approximate", "not predicted"
+CALLER, AUTOGRAD = "caller", "autograd"  # the thread that ran an operator (see Recorder.role)
+
+# Operators whose CUDA kernels allocate their outputs and nothing else (TensorIterator
+# element-wise kernels, copies, factories, softmax, layer norm's forward, the foreach
+# kernels of the optimizers). Trusted without a calibration; `measure` still probes all but
+# the foreach ones (a probe would copy every parameter and optimizer state once more).
+# fmt: off
+_ATEN_OUTPUT_ONLY = (
+    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "zeros",
+    "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_full",
+    "scalar_tensor", "arange", "rand", "randn", "randint", "rand_like", "randn_like",
+    "randint_like", "uniform_", "normal_", "bernoulli_", "random_", "_to_copy", "clone", "copy_",
+    "fill_", "zero_", "lift_fresh_copy", "contiguous", "add", "add_", "sub", "sub_", "rsub", "mul",
+    "mul_", "div", "div_", "neg", "pow", "rsqrt", "sqrt", "exp", "log", "tanh", "sigmoid", "relu",
+    "relu_", "gelu", "silu", "silu_", "where", "masked_fill", "masked_fill_", "threshold_backward",
+    "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "lerp", "lerp_",
+    "addcmul", "addcmul_", "addcdiv", "addcdiv_", "maximum", "minimum", "clamp", "clamp_min",
+    "clamp_max", "eq", "ne", "lt", "gt", "le", "ge", "logical_not", "bitwise_not", "cos", "sin",
+    "reciprocal", "abs", "sign", "erf", "tril", "triu", "cat", "stack", "index_select",
+    "embedding", "slice_backward", "select_backward", "_softmax", "_log_softmax",
+    "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm",
+)
+_FOREACH_OUTPUT_ONLY = (
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "lerp_", "addcmul_", "addcdiv_",
+    "sqrt", "sqrt_", "maximum_", "neg", "neg_", "zero_", "copy_", "reciprocal_", "pow", "pow_",
+    "sign_", "abs_",
+)
+# fmt: on
+OUTPUT_ONLY = frozenset(
+    [
+        *(f"aten.{name}" for name in _ATEN_OUTPUT_ONLY),
+        *(f"aten._foreach_{name}" for name in _FOREACH_OUTPUT_ONLY),
+    ]
+)
+NOT_PROBED_PREFIX = "aten._foreach_"
+# Without a GPU the trace runs on the meta device, where these functions choose other
+# kernels than on a GPU: the trace is then not the GPU's, and says so.
+META_CHOICES = {
+    "scaled_dot_product_attention": "traced on the meta device (no GPU), PyTorch takes the "
+    "math kernel (the full attention matrix) where a GPU chooses flash, memory-efficient or "
+    "cuDNN attention",
+    "batch_norm": "traced on the meta device (no GPU), PyTorch takes its native kernel where "
+    "a GPU may take cuDNN's, with other outputs",
+}
+# Operators whose scratch on a GPU depends on the tensors' values, which neither a fake
+# tensor nor a probe on zeros has: calibrated or not, the prediction for them is approximate.
+
+
+def embedding_backward_sorts(leaves: list) -> bool:
+    """embedding_dense_backward sorts its indices, and sizes its scratch by how many distinct
+    ones there are, beyond 3072 indices or with scale_grad_by_freq (torch's Embedding.cu);
+    below, it allocates its output only."""
+    indices, scale = leaves[1], leaves[4]
+    return math.prod(indices[2]) > 3072 or bool(scale)
+
+
+VALUE_DEPENDENT = {
+    "aten.embedding_dense_backward": (
+        embedding_backward_sorts,
+        "its GPU kernel sorts the indices and sizes its scratch by the number of distinct "
+        "ones, a value the trace does not have (the probe ran it on zeros)",
+    ),
+}
+UNCALIBRATED = (
+    "not calibrated: the blocks its GPU kernel allocates besides its outputs "
+    "(workspaces, scratch) are unknown"
+)
+METHOD = (
+    "the workload traced once under torch FakeTensorMode (no memory, no GPU) by a dispatch "
+    "mode: each new device storage an allocation of its bytes, each expired storage a free, "
+    "in order; replayed phase by phase through mesure_memoire.AllocatorModel, with each "
+    "operator's own blocks from the calibration"
+)
+
+
+class TraceStopped(Exception):
+    """The trace cannot follow the code: the prediction is 'not predicted', with this reason."""
+
+
+@dataclasses.dataclass
+class OpCall:
+    name: str  # "aten.addmm.default"
+    role: str  # CALLER or AUTOGRAD
+    signature: str  # what a probe needs to recreate the call, hashed
+    outputs: tuple  # ((flat output index, storage id, bytes), ...) of the new device storages
+
+
+@dataclasses.dataclass
+class Signature:
+    name: str
+    func: object  # the OpOverload, to probe it
+    leaves: list  # the call's arguments, tensors described (see describe())
+    spec: object  # their tree structure
+    calls: int = 0
+    view: bool = False
+
+
+@dataclasses.dataclass
+class Trace:
+    device: str  # "cuda:0", or "meta" where no GPU is visible
+    build: str  # the PyTorch traced with: "cuda" or "cpu-only"
+    torch_version: str
+    events: list = dataclasses.field(default_factory=list)
+    signatures: dict = dataclasses.field(default_factory=dict)
+    notes: dict = dataclasses.field(default_factory=dict)  # op name -> why it is unknown
+    stopped: str | None = None
+
+    @property
+    def operator_calls(self) -> int:
+        return sum(1 for event in self.events if event[0] == "op")
+
+
+def packet(name: str) -> str:
+    """'aten.addmm.default' -> 'aten.addmm': the operator without its overload."""
+    return name.rsplit(".", 1)[0]
+
+
+def signature_id(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- tracing
+
+
+def build_of(torch) -> str:
+    return "cuda" if torch.version.cuda or torch.version.hip else "cpu-only"
+
+
+def trace_device(torch, index: int) -> str:
+    """Where a GPU is visible, the trace runs on fake `cuda:N` tensors, so that PyTorch makes
+    that GPU's kernel choices; elsewhere on meta (autograd cannot run on fake CUDA tensors
+    without a GPU: PyTorch aborts the process)."""
+    return f"cuda:{index}" if torch.cuda.is_available() else "meta"
+
+
+class Tracer:
+    """`with Tracer(torch, device) as tracer:` runs code on fake tensors and records it;
+    `tracer.phase` has `mesure_memoire.run_phase`'s shape, so one phase driver serves both."""
+
+    def __init__(self, torch, device: str, fake: bool = True) -> None:
+        self.torch = torch
+        self.real = not fake  # tests record a real run on the CPU the same way
+        self.trace = Trace(
+            device=device,
+            build=build_of(torch),
+            torch_version=torch.__version__,
+        )
+        self._undo: list = []
+
+    def __enter__(self) -> Tracer:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.fake = FakeTensorMode(allow_non_fake_inputs=False, allow_fallback_kernels=False)
+        self.fake.cache_enabled = False  # its cache keeps weak references to tensors
+        self.recorder = make_recorder(self.torch)(self)
+        modes = [self.recorder]
+        if not self.real:
+            modes.insert(0, self.fake)
+        if self.trace.device == "meta":
+            modes.append(make_choice_notes(self.torch, self.trace)())
+        try:
+            if not self.real:
+                self._patch_optimizers()
+                self._patch_swap()
+            for mode in modes:
+                mode.__enter__()
+                self._undo.append(lambda mode=mode: mode.__exit__(None, None, None))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Modes left and torch's functions restored, in reverse order, whatever happened."""
+        while self._undo:
+            self._undo.pop()()
+
+    def phase(self, name: str, operation, repetition: int | None = None, passes: int = 1):
+        row: dict = {"phase": name}
+        if repetition is not None:
+            row["repetition"] = repetition
+        row["passes"] = passes
+        self.recorder.poll()
+        self.trace.events.append(("start", name, repetition, passes))
+        result = operation()
+        self.recorder.poll()  # what died inside the operation, before the end values
+        self.trace.events.append(("end",))
+        return row, result
+
+    def _patch_optimizers(self) -> None:
+        """torch.optim picks its foreach kernels for plain tensors on a GPU only: let fake
+        parameters on the traced device get the same choice as the real ones will."""
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.optim import optimizer
+
+        supported = optimizer._foreach_supported_types
+        supported.append(FakeTensor)
+        self._undo.append(lambda: supported.remove(FakeTensor))
+        if self.trace.device == "meta":
+            original = optimizer._get_foreach_kernels_supported_devices
+            optimizer._get_foreach_kernels_supported_devices = lambda: [*original(), "meta"]
+            self._undo.append(
+                lambda: setattr(optimizer, "_get_foreach_kernels_supported_devices", original)
+            )
+
+    def _patch_swap(self) -> None:
+        """nn.Module.to() swaps fake parameters (torch.utils.swap_tensors) where it assigns
+        `.data` of real ones, which frees the old storage at once; the swapped-out storage
+        would live one parameter longer. Record its free where the real one happens."""
+        torch = self.torch
+        original = torch.utils.swap_tensors
+        recorder = self.recorder
+
+        def swap(t1, t2):
+            original(t1, t2)
+            recorder.free_if_only_held_by(t2)
+
+        torch.utils.swap_tensors = swap
+        self._undo.append(lambda: setattr(torch.utils, "swap_tensors", original))
+
+
+def make_choice_notes(torch, trace: Trace):
+    """On the meta device: note the calls whose kernels a GPU would choose otherwise."""
+    from torch.overrides import TorchFunctionMode
+
+    functions = {
+        torch.nn.functional.scaled_dot_product_attention: "scaled_dot_product_attention",
+        torch.nn.functional.batch_norm: "batch_norm",
+        torch.batch_norm: "batch_norm",
+    }
+
+    class ChoiceNotes(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = functions.get(func)
+            if name is not None:
+                trace.notes.setdefault(name, META_CHOICES[name])
+            return func(*args, **(kwargs or {}))
+
+    return ChoiceNotes
+
+
+def make_recorder(torch):
+    """The dispatch mode class (it needs torch to exist, so it is made on demand)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    seeded = torch.Tag.nondeterministic_seeded
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self, tracer: Tracer) -> None:
+            super().__init__()
+            self.tracer = tracer
+            self.events = tracer.trace.events
+            self.live: dict = {}  # weak pointer -> (StorageWeakRef, bytes, storage id)
+            self.freed_early: set = set()
+            self.ids = itertools.count()
+            self.target = torch.device(tracer.trace.device)
+
+        def on_target(self, tensor) -> bool:
+            device = tensor.device
+            if self.target.type == "meta":
+                return device.type == "meta"
+            return device.type == self.target.type and device.index == self.target.index
+
+        def poll(self) -> None:
+            """Storages whose last reference went since the last operator: freed, now."""
+            dead = [key for key, entry in self.live.items() if entry[0].expired()]
+            for sid in sorted(self.live.pop(key)[2] for key in dead):  # in a stable order
+                if sid in self.freed_early:
+                    self.freed_early.discard(sid)
+                else:
+                    self.events.append(("free", sid))
+
+        def free_if_only_held_by(self, tensor) -> None:
+            if not isinstance(tensor, torch.Tensor) or not self.on_target(tensor):
+                return
+            storage = tensor.untyped_storage()
+            entry = self.live.get(StorageWeakRef(storage).cdata)
+            # 2: the tensor's own reference and `storage` here; nothing else holds it.
+            if entry is not None and torch._C._storage_Use_Count(storage._cdata) == 2:
+                self.events.append(("free", entry[2]))
+                self.freed_early.add(entry[2])
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            self.poll()
+            if seeded in func.tags and not self.tracer.real:
+                out = self.seeded(func, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
+            memo = getattr(self.tracer.fake.fake_tensor_converter, "meta_converter", None)
+            if memo is not None:  # its weak references would stop nn.Module.to()'s swaps
+                memo.tensor_memo.clear()
+            self.record(func, args, kwargs, out)
+            return out
+
+        def seeded(self, func, args, kwargs):
+            """Random operators: values do not matter for memory, and a fake CUDA
+            generator needs a CUDA build. In-place ones allocate nothing; the others'
+            outputs get their shapes from the meta device."""
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            if func._schema.name.endswith("_"):
+                return args[0]
+            if "out" in kwargs:
+                return kwargs["out"]
+
+            def to_meta(x):
+                if isinstance(x, torch.Tensor):
+                    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+                if isinstance(x, torch.device):
+                    return torch.device("meta")
+                if isinstance(x, torch.Generator):
+                    return None
+                return x
+
+            device = kwargs.get("device")
+            if device is None:
+                tensors = [x for x in tree_flatten(args)[0] if isinstance(x, torch.Tensor)]
+                device = tensors[0].device if tensors else torch.device("cpu")
+            with unset_fake_temporarily():
+                meta = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+            return tree_map(
+                lambda m: (
+                    torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=device)
+                    if isinstance(m, torch.Tensor)
+                    else m
+                ),
+                meta,
+            )
+
+        def role(self) -> str:
+            """Backward runs in autograd's own thread on a GPU: its cuBLAS handle, and
+            workspaces, are not the caller's."""
+            return AUTOGRAD if torch._C._current_autograd_node() is not None else CALLER
+
+        def record(self, func, args, kwargs, out) -> None:
+            inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+            flat = tree_flatten(out)[0]
+            tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+            mutable = func._schema.is_mutable
+            if not any(self.on_target(t) for t in inputs + tensors):
+                return  # host-only work: no device memory
+            if not tensors and not mutable:
+                return  # metadata (prim.device, sizes, a kernel choice): nothing allocated
+            name = str(func)
+            for tensor in inputs:
+                self.unseen(tensor, name)
+            outputs = []
+            for index, tensor in enumerate(flat):
+                if isinstance(tensor, torch.Tensor) and self.on_target(tensor):
+                    new = self.track(tensor)
+                    if new is not None:
+                        outputs.append((index, *new))
+            leaves, spec = tree_flatten((args, kwargs))
+            described = [describe(torch, x, self.target) for x in leaves]
+            text = f"{name}|{described!r}|{spec}"
+            key = signature_id(text)
+            signatures = self.tracer.trace.signatures
+            entry = signatures.get(key)
+            if entry is None:
+                # A view, or an operator that only returns its inputs' storages: no kernel.
+                alias = bool(func.is_view) or (not mutable and not outputs)
+                entry = signatures[key] = Signature(name, func, described, spec, view=alias)
+            entry.calls += 1
+            self.events.append(("op", OpCall(name, self.role(), key, tuple(outputs))))
+
+        def track(self, tensor):
+            """(storage id, bytes) if the tensor's storage is new, else None."""
+            storage = tensor.untyped_storage()
+            ref = StorageWeakRef(storage)
+            entry = self.live.get(ref.cdata)
+            if entry is None:
+                sid = next(self.ids)
+                self.live[ref.cdata] = (ref, storage.nbytes(), sid)
+                return sid, storage.nbytes()
+            if storage.nbytes() != entry[1]:  # resized in place: a new block, the old freed
+                self.live[ref.cdata] = (entry[0], storage.nbytes(), entry[2])
+                self.events.append(("resize", entry[2], storage.nbytes()))
+            return None
+
+        def unseen(self, tensor, name: str) -> None:
+            """A device storage no operator returned (made outside the dispatcher): allocated
+            now, as far as the trace knows."""
+            if not self.on_target(tensor):
+                return
+            storage = tensor.untyped_storage()
+            if StorageWeakRef(storage).cdata in self.live:
+                return
+            sid, nbytes = self.track(tensor)
+            self.events.append(("unseen", sid, nbytes))
+            self.tracer.trace.notes.setdefault(
+                "device storage made outside the dispatcher",
+                f"first seen as an input of {name}: when it was allocated is unknown",
+            )
+
+    return Recorder
+
+
+def describe(torch, x, target):
+    """An argument as a probe recreates it: tensors by dtype, shape, strides, offset, storage
+    bytes and device ('device' for the traced one), everything else by value."""
+
+    def where(device) -> str:
+        same = device.type == target.type and device.index in (None, target.index)
+        return "device" if same else device.type
+
+    if isinstance(x, torch.Tensor):
+        return (
+            "tensor",
+            str(x.dtype).removeprefix("torch."),
+            tuple(x.shape),
+            tuple(x.stride()),
+            x.storage_offset(),
+            x.untyped_storage().nbytes(),
+            where(x.device),
+        )
+    if isinstance(x, torch.device):
+        return ("device", where(x))
+    if isinstance(x, torch.dtype):
+        return ("dtype", str(x).removeprefix("torch."))
+    if isinstance(x, (torch.memory_format, torch.layout)):
+        return ("enum", str(x).removeprefix("torch."))
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return ("unprobeable", type(x).__name__)
+
+
+def run_trace(torch, device: str, drive, fake: bool = True) -> Trace:
+    """drive(phase) runs the whole protocol, phase by phase. Exceptions that say the trace
+    cannot follow the code stop it (Trace.stopped); any other exception propagates."""
+    from torch._subclasses import fake_tensor
+
+    limits = (
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+        fake_tensor.UnsupportedOperatorException,
+    )
+    tracer = Tracer(torch, device, fake)
+    try:
+        with tracer:
+            drive(tracer.phase)
+    except limits as exc:
+        func = getattr(exc, "func", None)
+        where = f" at {func}" if func is not None else ""
+        tracer.trace.stopped = (
+            f"the trace cannot follow the code{where} ({type(exc).__name__}): the shapes or "
+            "the operator depend on values or kernels a fake tensor does not have"
+        )
+    except TraceStopped as exc:
+        tracer.trace.stopped = str(exc)
+    return tracer.trace
+
+
+# ---------------------------------------------------------------- calibration
+
+
+@dataclasses.dataclass
+class Calibration:
+    """What each operator call allocates besides its outputs, in allocation order:
+    ("output", flat index, bytes), ("internal", id, bytes), ("free", id) and
+    ("persistent", bytes) for blocks it keeps (library workspaces)."""
+
+    templates: dict = dataclasses.field(default_factory=dict)  # signature -> template
+    output_only: set = dataclasses.field(default_factory=set)  # probed: outputs only, in order
+    failed: dict = dataclasses.field(default_factory=dict)  # signature -> why
+    workspaces_per_thread: bool | None = None
+    source: str = "this process"
+
+    def known(self, signature: str) -> bool:
+        return signature in self.templates or signature in self.output_only
+
+    def to_json(self, trace: Trace | None = None) -> dict:
+        names = trace.signatures if trace is not None else {}
+
+        def op(key):
+            return names[key].name if key in names else None
+
+        return {
+            "method": (
+                "after the phases, in the same process: each distinct operator call of the "
+                "trace (its shapes, strides and arguments), foreach kernels excepted, run "
+                "once on fresh tensors after torch._C._cuda_clearCublasWorkspaces(), with "
+                "torch.cuda.memory._record_memory_history; what it allocated besides its "
+                "outputs, in order, and what it kept"
+            ),
+            "operators": [
+                {
+                    "op": op(key),
+                    "signature": key,
+                    "template": [template_entry(step) for step in template],
+                }
+                for key, template in sorted(self.templates.items())
+            ],
+            "output_only": sorted(self.output_only),
+            "failed": [
+                {"op": op(key), "signature": key, "error": why}
+                for key, why in sorted(self.failed.items())
+            ],
+            "workspaces_per_thread": self.workspaces_per_thread,
+        }
+
+    @classmethod
+    def from_json(cls, document: dict, source: str) -> Calibration:
+        section = document["calibration"]
+        templates = {
+            entry["signature"]: [template_step(step) for step in entry["template"]]
+            for entry in section["operators"]
+        }
+        return cls(
+            templates=templates,
+            output_only=set(section["output_only"]),
+            failed={entry["signature"]: entry["error"] for entry in section["failed"]},
+            workspaces_per_thread=section["workspaces_per_thread"],
+            source=source,
+        )
+
+
+def template_entry(step: tuple) -> dict:
+    kind = step[0]
+    if kind == "output":
+        return {"kind": kind, "index": step[1], "bytes": step[2]}
+    if kind == "internal":
+        return {"kind": kind, "id": step[1], "bytes": step[2]}
+    if kind == "free":
+        return {"kind": kind, "id": step[1]}
+    return {"kind": kind, "bytes": step[1]}
+
+
+def template_step(entry: dict) -> tuple:
+    kind = entry["kind"]
+    if kind == "output":
+        return (kind, entry["index"], entry["bytes"])
+    if kind == "internal":
+        return (kind, entry["id"], entry["bytes"])
+    if kind == "free":
+        return (kind, entry["id"])
+    return (kind, entry["bytes"])
+
+
+def template_from_history(events: list[dict], outputs: dict[int, int]) -> list[tuple]:
+    """One probe's allocator history -> its template. outputs: data pointer -> flat index.
+    An output's block is the last one allocated at its address (a scratch block freed
+    earlier may have had the same address)."""
+    last_at = {}
+    for position, event in enumerate(events):
+        if event["action"] == "alloc" and event["addr"] in outputs:
+            last_at[event["addr"]] = position
+    template: list[tuple] = []
+    internal: dict[int, int] = {}  # address -> id while allocated
+    ids = itertools.count()
+    for position, event in enumerate(events):
+        action, address = event["action"], event["addr"]
+        if action == "alloc" and last_at.get(address) == position:
+            template.append(("output", outputs[address], event["size"]))
+        elif action == "alloc":
+            internal[address] = next(ids)
+            template.append(("internal", internal[address], event["size"]))
+        elif action == "free_completed" and address in internal:
+            template.append(("free", internal.pop(address)))
+    kept = set(internal.values())
+    return [
+        ("persistent", step[2]) if step[0] == "internal" and step[1] in kept else step
+        for step in template
+    ]
+
+
+def plain(template: list[tuple]) -> bool:
+    """Outputs only, in the order the operator returns them."""
+    indexes = [step[1] for step in template if step[0] == "output"]
+    return all(step[0] == "output" for step in template) and indexes == sorted(indexes)
+
+
+def probe_operators(torch, device, trace: Trace) -> Calibration:
+    """Run each distinct operator call of the trace once on the GPU (see the module's
+    docstring). A probe that fails leaves its operator uncalibrated, with the reason."""
+    calibration = Calibration()
+    calibration.workspaces_per_thread = probe_workspace_threads(torch, device)
+    for key, signature in trace.signatures.items():
+        if signature.view or signature.name.startswith(NOT_PROBED_PREFIX):
+            continue
+        try:
+            template = probe(torch, device, signature)
+        except torch.cuda.OutOfMemoryError:
+            calibration.failed[key] = "out of memory while probing"
+        except Exception as exc:  # an operator the probe cannot recreate or run alone
+            calibration.failed[key] = f"probe failed ({type(exc).__name__})"
+        else:
+            if plain(template):
+                calibration.output_only.add(key)
+            else:
+                calibration.templates[key] = template
+        finally:
+            stop_history(torch)
+    return calibration
+
+
+def probe(torch, device, signature: Signature) -> list[tuple]:
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    args, kwargs = tree_unflatten(
+        [rebuild(torch, device, leaf) for leaf in signature.leaves], signature.spec
+    )
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    torch.cuda.synchronize(device)
+    if clear is not None:
+        clear()
+    start_history(torch)
+    before = len(history_events(torch, device))
+    with torch.no_grad():
+        out = signature.func(*args, **kwargs)
+    torch.cuda.synchronize(device)
+    events = history_events(torch, device)[before:]
+    stop_history(torch)
+    outputs = {}
+    for index, tensor in enumerate(tree_flatten(out)[0]):
+        if isinstance(tensor, torch.Tensor) and tensor.device == device:
+            outputs.setdefault(tensor.untyped_storage().data_ptr(), index)
+    return template_from_history(events, outputs)
+
+
+def rebuild(torch, device, leaf):
+    if not isinstance(leaf, tuple):
+        return leaf
+    kind = leaf[0]
+    if kind == "tensor":
+        _, dtype, shape, stride, offset, nbytes, where = leaf
+        dtype = getattr(torch, dtype)
+        place = device if where == "device" else torch.device(where)
+        size = torch.empty(0, dtype=dtype).element_size()
+        base = torch.zeros(-(-nbytes // size), dtype=dtype, device=place)
+        return base.as_strided(shape, stride, offset)
+    if kind == "device":
+        return device if leaf[1] == "device" else torch.device(leaf[1])
+    if kind == "dtype":
+        return getattr(torch, leaf[1])
+    if kind == "enum":
+        return getattr(torch, leaf[1])
+    raise ValueError(f"cannot recreate a {leaf[1]} argument")
+
+
+def start_history(torch) -> None:
+    """The allocator's history of allocations and frees, without stack traces."""
+    try:
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context=None, max_entries=1_000_000, clear_history=True
+        )
+    except TypeError:  # a PyTorch without clear_history: callers count the events before
+        torch.cuda.memory._record_memory_history(enabled="all", context=None)
+
+
+def stop_history(torch) -> None:
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def history_events(torch, device) -> list[dict]:
+    return torch.cuda.memory._snapshot()["device_traces"][device.index]
+
+
+def probe_workspace_threads(torch, device) -> bool | None:
+    """Does autograd's thread keep library workspaces of its own? A matrix product in the
+    caller's thread, then one in backward, after the workspaces were cleared: kept blocks
+    that backward added, other than the gradient, say yes."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is None:
+        return None
+    try:
+        a = torch.ones(64, 64, device=device, requires_grad=True)
+        b = torch.ones(64, 64, device=device)
+        torch.cuda.synchronize(device)
+        clear()
+        start_history(torch)
+        start = len(history_events(torch, device))
+        y = a @ b
+        torch.cuda.synchronize(device)
+        forward = len(history_events(torch, device))
+        y.sum().backward()
+        torch.cuda.synchronize(device)
+        events = history_events(torch, device)[start:]
+        forward -= start
+        stop_history(torch)
+        tensors = {y.untyped_storage().data_ptr(), a.grad.untyped_storage().data_ptr()}
+    except Exception:  # an unknown answer, said as such
+        stop_history(torch)
+        return None
+    before = kept_blocks(events[:forward])
+    added = {block for block in kept_blocks(events) - before if block[0] not in tensors}
+    return bool(added)
+
+
+def kept_blocks(events: list[dict]) -> set:
+    alive: dict = {}
+    for event in events:
+        if event["action"] == "alloc":
+            alive[event["addr"]] = event["size"]
+        elif event["action"] == "free_completed":
+            alive.pop(event["addr"], None)
+    return set(alive.items())
+
+
+# ---------------------------------------------------------------- replay and assessment
+
+
+@dataclasses.dataclass
+class Prediction:
+    status: str
+    rows: list
+    unknown: list  # [{"op", "calls", "why"}]
+    log: list  # the replayed allocations and frees, to compare with a GPU's history
+    reason: str | None = None
+    mismatches: dict = dataclasses.field(default_factory=dict)
+
+
+def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
+    """The six counters of every traced phase, and how far they can be trusted."""
+    if trace.stopped is not None:
+        return Prediction(NOT_PREDICTED, [], [], [], reason=trace.stopped)
+    rows, log, mismatches, per_thread_used = replay(trace, calibration)
+    unknown = assess(trace, calibration, mismatches, per_thread_used)
+    return Prediction(
+        EXACT if not unknown else APPROXIMATE, rows, unknown, log, mismatches=mismatches
+    )
+
+
+def replay(trace: Trace, calibration: Calibration | None):
+    """Returns (rows, log, mismatches, whether autograd's thread used kept blocks)."""
+    allocator = mesure_memoire.AllocatorModel()
+    blocks: dict = {}  # storage id -> block
+    kept: set = set()  # the persistent blocks already allocated, by thread and size
+    per_thread = calibration is None or calibration.workspaces_per_thread is not False
+    rows: list[dict] = []
+    log: list[tuple] = []
+    mismatches: dict = {}
+    autograd_kept = False
+    row: dict = {}
+
+    def malloc(nbytes: int, what: str):
+        log.append(("alloc", nbytes, what))
+        return allocator.malloc(nbytes)
+
+    def free(block, nbytes: int, what: str) -> None:
+        if block is not None:
+            log.append(("free", nbytes, what))
+        allocator.free(block)
+
+    for event in trace.events:
+        kind = event[0]
+        if kind == "start":
+            _, name, repetition, passes = event
+            row = {"phase": name}
+            if repetition is not None:
+                row["repetition"] = repetition
+            row["passes"] = passes
+            row["baseline_allocated_bytes"] = allocator.allocated
+            row["baseline_reserved_bytes"] = allocator.reserved
+            allocator.reset_peaks()
+            log.append(("phase", 0, name))
+        elif kind == "end":
+            row["allocated_bytes"] = allocator.allocated
+            row["reserved_bytes"] = allocator.reserved
+            row["peak_allocated_bytes"] = allocator.peak_allocated
+            row["peak_reserved_bytes"] = allocator.peak_reserved
+            rows.append(row)
+        elif kind == "free":
+            entry = blocks.pop(event[1], None)
+            if entry is not None:
+                free(entry[0], entry[1], "storage")
+        elif kind == "unseen":
+            blocks[event[1]] = (malloc(event[2], "unseen storage"), event[2])
+        elif kind == "resize":
+            old = blocks.pop(event[1], None)
+            blocks[event[1]] = (malloc(event[2], "resize"), event[2])
+            if old is not None:
+                free(old[0], old[1], "resize")
+        else:
+            op = event[1]
+            template = calibration.templates.get(op.signature) if calibration else None
+            pending = {index: (sid, nbytes) for index, sid, nbytes in op.outputs}
+            scratch: dict = {}
+            seen_sizes: dict = {}
+            for step in template or ():
+                if step[0] == "output" and step[1] in pending:
+                    sid, nbytes = pending.pop(step[1])
+                    if nbytes != step[2]:
+                        mismatches.setdefault(op.name, f"output {step[1]}: traced {nbytes} B")
+                    blocks[sid] = (malloc(nbytes, op.name), nbytes)
+                elif step[0] == "output":
+                    mismatches.setdefault(op.name, f"output {step[1]} is not new in the trace")
+                elif step[0] == "internal":
+                    scratch[step[1]] = (malloc(step[2], f"{op.name} scratch"), step[2])
+                elif step[0] == "free":
+                    block, nbytes = scratch.pop(step[1])
+                    free(block, nbytes, f"{op.name} scratch")
+                else:
+                    nth = seen_sizes[step[1]] = seen_sizes.get(step[1], 0) + 1
+                    key = (op.role if per_thread else CALLER, step[1], nth)
+                    if key not in kept:
+                        kept.add(key)
+                        autograd_kept |= op.role == AUTOGRAD
+                        malloc(step[1], f"{op.name} kept (library workspace)")
+            for index, (sid, nbytes) in sorted(pending.items()):
+                if template is not None:
+                    mismatches.setdefault(op.name, f"output {index} not allocated by the probe")
+                blocks[sid] = (malloc(nbytes, op.name), nbytes)
+    return rows, log, mismatches, autograd_kept
+
+
+def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> list[dict]:
+    """What the prediction does not know, by operator: empty means exact."""
+    unknown: dict[str, dict] = {}
+
+    def add(op: str, calls: int, why: str) -> None:
+        entry = unknown.setdefault(op, {"op": op, "calls": 0, "why": why})
+        entry["calls"] += calls
+
+    for key, signature in trace.signatures.items():
+        if signature.view:
+            continue
+        dependent = VALUE_DEPENDENT.get(packet(signature.name))
+        if dependent is not None and dependent[0](signature.leaves):
+            add(packet(signature.name), signature.calls, dependent[1])
+            continue
+        if calibration is not None and calibration.known(key):
+            continue
+        if packet(signature.name) in OUTPUT_ONLY:
+            continue
+        why = UNCALIBRATED
+        if calibration is not None and key in calibration.failed:
+            why = f"{UNCALIBRATED}; {calibration.failed[key]}"
+        add(packet(signature.name), signature.calls, why)
+    for op, why in trace.notes.items():
+        add(op, 0, why)
+    for op, why in mismatches.items():
+        add(packet(op), 0, f"the trace and the GPU disagree on its outputs ({why})")
+    if autograd_kept and calibration is not None and calibration.workspaces_per_thread is None:
+        add(
+            "autograd thread",
+            0,
+            "whether backward's thread keeps library workspaces of its own is not calibrated",
+        )
+    return sorted(unknown.values(), key=lambda entry: entry["op"])
+
+
+def prediction_rows(prediction: Prediction) -> list[dict]:
+    keys = ("phase", "repetition", "passes", *mesure_memoire.COUNTER_KEYS)
+    return [{key: row[key] for key in keys if key in row} for row in prediction.rows]

@@ -1,0 +1,135 @@
+"""own_model.py measure on a real GPU (marked `gpu`; skipped where none is visible).
+
+Each measurement is a fresh process. The prediction's own word is held to the measurement:
+"exact" means every counter of every row equals the measured one."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+
+import mesure_memoire
+import pytest
+import validate
+from conftest import PIPELINE, run_script
+
+pytestmark = pytest.mark.gpu
+REGISTRY = validate.load_registry()
+EXAMPLES = {
+    "resnet": ("resnet_cnn.py:resnet", "inference"),
+    "vit": ("vit_encoder.py:vit", "inference"),
+    "decoder": ("decoder_training.py:decoder_adamw", "training"),
+}
+
+
+def block(nbytes: int) -> int:
+    return max(512, -(-nbytes // 512) * 512)
+
+
+def measure(tmp_path, spec: str, *argv: str, expect: int = 0, name: str = "m.json"):
+    output = tmp_path / name
+    result = run_script(
+        "own_model.py", "measure", "--workload", spec, "--device", "cuda:0",
+        "--output", str(output), *argv,
+    )  # fmt: skip
+    assert result.returncode == expect, result.stderr
+    document = json.loads(output.read_text())
+    assert validate.validate_document(document, REGISTRY) == []
+    return document, result
+
+
+def honest(document: dict) -> None:
+    """What the prediction says of itself is true of the measurement."""
+    prediction, summary = document["prediction"], document["summary"]["prediction"]
+    if prediction["status"] == "exact":
+        assert summary["by_counter"] == dict.fromkeys(mesure_memoire.COUNTER_KEYS, 0), [
+            (row["phase"], {k: row[k] - row["predicted"][k] for k in row["predicted"]})
+            for row in document["phases"]
+        ]
+        assert summary["held"] is True
+    elif prediction["status"] == "approximate":
+        assert prediction["unknown"], "approximate, yet nothing named as unknown"
+        assert summary["held"] is None
+    else:
+        assert prediction["reason"]
+        assert all(row["predicted"] is None for row in document["phases"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_each_example_measures_end_to_end_and_its_prediction_is_honest(tmp_path, example, dtype):
+    spec, kind = EXAMPLES[example]
+    document, _ = measure(tmp_path, str(PIPELINE / "workloads" / spec), "--dtype", dtype,
+                          "--batch", "4", "--repeats", "3")  # fmt: skip
+    assert document["status"] == "completed"
+    record = document["workload"]
+    assert record["kind"] == kind
+    assert record["phases_run"] == record["phases_planned"]
+    assert document["prediction"]["trace"]["device"] == "cuda:0"
+    load = document["phases"][0]
+    assert load["baseline_allocated_bytes"] == 0
+    assert load["allocated_bytes"] >= record["parameters"]["bytes"] + record["buffers"]["bytes"]
+    honest(document)
+    phases = [row["phase"] for row in document["phases"]]
+    assert ("optimizer_state" in phases) == (kind == "training")
+
+
+def test_the_training_example_creates_exactly_two_moments_per_parameter(tmp_path):
+    """AdamW's state, per parameter tensor: exp_avg and exp_avg_sq on the GPU, one block
+    each (its step counts stay on the host)."""
+    sys.path.insert(0, str(PIPELINE / "workloads"))
+    import decoder_training
+
+    model = decoder_training.Decoder(256, 64, 64, 2, 4, 2, 172)  # the example's defaults
+    blocks = sum(block(p.numel() * 4) for p in model.parameters())
+    spec = str(PIPELINE / "workloads" / EXAMPLES["decoder"][0])
+    document, _ = measure(tmp_path, spec, "--dtype", "float32", "--batch", "2")
+    state = document["phases"][3]
+    assert state["phase"] == "optimizer_state"
+    assert state["allocated_bytes"] - state["baseline_allocated_bytes"] == 2 * blocks
+
+
+def test_out_of_memory_is_recorded_with_its_phase(tmp_path):
+    """Inputs of 20 million 32x32 images (245 GB in float32) fit on no GPU of the catalogue."""
+    spec = str(PIPELINE / "workloads" / EXAMPLES["resnet"][0])
+    document, result = measure(tmp_path, spec, "--batch", "20000000", expect=3)
+    assert document["status"] == "out_of_memory"
+    assert document["failure"]["phase"] == "inputs"
+    assert "tried to allocate" in document["failure"]["error"]
+    assert "out of memory in phase inputs" in result.stderr
+    predicted = document["prediction"]["phases"]
+    if predicted:  # the whole plan is predicted; its peak says it cannot fit either
+        total = document["environment"]["gpu"]["total_memory_bytes"]
+        assert document["prediction"]["largest_peak_allocated_bytes"] > total
+
+
+def test_an_exception_in_the_workload_is_failed_not_measured(tmp_path):
+    source = (
+        "import torch\nfrom own_model import Workload\n\n"
+        "def build(config):\n"
+        "    model = torch.nn.Linear(8, 8).to(config.device)\n"
+        "    def step(model, x):\n"
+        "        raise RuntimeError('user bug')\n"
+        "    return Workload(model, lambda: torch.ones(2, 8, device=config.device), step)\n"
+    )
+    path = tmp_path / "buggy.py"
+    path.write_text(source)
+    document, result = measure(tmp_path, f"{path}:build", expect=1)
+    assert "RuntimeError: user bug" in result.stderr
+    assert document["status"] == "failed"
+    assert document["failure"]["phase"] == "cold_step"
+    assert document["failure"]["exception_type"] == "RuntimeError"
+    assert "user bug" not in json.dumps(document)
+
+
+def test_the_memory_history_holds_the_phases_and_the_replay(tmp_path):
+    spec = str(PIPELINE / "workloads" / EXAMPLES["decoder"][0])
+    history = tmp_path / "history.pickle"
+    document, _ = measure(tmp_path, spec, "--memory-history", str(history))
+    data = pickle.loads(history.read_bytes())
+    assert data["phases"] == [row["phase"] for row in document["phases"]]
+    actions = {event["action"] for event in data["snapshot"]["device_traces"][0]}
+    assert "alloc" in actions
+    replayed = [event for event in data["replay"] if event[0] == "alloc"]
+    assert replayed, "the replay log lists the predicted allocations"
