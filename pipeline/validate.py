@@ -66,6 +66,7 @@ SKIPPED_SUFFIXES = {
     ".png": "a picture, drawn from the artefacts beside it: no schema",
     ".txt": "text for people: no schema",
     ".md": "text for people: no schema",
+    ".gz": "an archive of raw records (traces), read by their tools: no schema",
 }
 ARTEFACT, LOG, SKIPPED = "artefact", "log", "skipped"
 

@@ -45,9 +45,10 @@ def one_sweep(pipeline: Path, device: str, points: int, fork: bool) -> tuple[flo
         done = subprocess.run(argv, capture_output=True, text=True)
         wall = time.perf_counter() - started
         if done.returncode != 0:
-            print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
-            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise Failed(f"{pipeline / 'sweep.py'} exited {done.returncode}: {last}")
+            # Every error line, in order: the cause is often a stage's line before the sweep's.
+            said = [line for line in done.stderr.splitlines() if ": error: " in line]
+            said = said or (done.stderr.strip().splitlines() or ["no message"])[-1:]
+            raise Failed(f"{pipeline / 'sweep.py'} exited {done.returncode}: {' / '.join(said)}")
         [summary] = Path(scratch).glob("*-sweep/sweep.json")
         seconds = [p["wall_seconds"] for p in json.loads(summary.read_text())["points"]]
     return wall, seconds[1:] or seconds
