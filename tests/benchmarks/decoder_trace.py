@@ -34,8 +34,8 @@ import json
 import linecache
 import math
 import subprocess
-import tarfile
 import sys
+import tarfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -315,7 +315,8 @@ def infer_backends(results: dict[str, dict]) -> tuple[list[dict], list[str]]:
                 {
                     "when": {"dtype": dtypes, **json.loads(when)},
                     "backend": backend,
-                    "note": "measured: " + ", ".join(sorted(labels[(exceptions, default)][backend])),
+                    "note": "measured: "
+                    + ", ".join(sorted(labels[(exceptions, default)][backend])),
                 }
             )
         entries.append(
@@ -347,8 +348,7 @@ def fit(samples: list[tuple[dict, int]], probes: list[dict] = ()) -> tuple[list,
                 if len(coefficients) == 1:
                     found.append({"product": [coefficients.pop(), *chosen]})
     determined = bool(found) and all(
-        len({decoder.evaluate(formula, terms, "fit") for formula in found}) == 1
-        for terms in probes
+        len({decoder.evaluate(formula, terms, "fit") for formula in found}) == 1 for terms in probes
     )
     return found, determined
 
@@ -409,7 +409,7 @@ def propose(results: dict[str, dict], source: str, derived_from=None) -> tuple[d
                     groups[(*kind, rank, index)].append((key, call["terms"], block))
     probes = probe_calls(results, chooser)
     entries: dict[tuple, dict] = {}
-    for (site, backend, rank, index), members in sorted(groups.items(), key=str):
+    for (site, backend, _, index), members in sorted(groups.items(), key=str):
         entry, block = fitted_block(site, backend, index, members, population, first_calls, probes)
         identity = (site, json.dumps(entry["when"], sort_keys=True))
         entries.setdefault(identity, entry)["blocks"].append(block)
@@ -550,9 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     failures: dict[str, dict] = {}
     if args.from_trace:
         results = recorded_results(args.from_trace)
+        trace = decoder.recorded_path(args.from_trace)
         source = (
-            f"tests/benchmarks/decoder_trace.py --from-trace {decoder.recorded_path(args.from_trace)}"
-            ": the kernels' own blocks, fitted"
+            f"tests/benchmarks/decoder_trace.py --from-trace {trace}: the kernels' blocks, fitted"
         )
         origin = derived_from(args.from_trace, results)
     else:
