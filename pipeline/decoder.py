@@ -259,6 +259,7 @@ class Calibration:
         self.gpu = document.get("gpu", {})
         self.sites = document.get("sites", [])
         self.backends = document.get("attention_backends", [])
+        self.covers = document.get("covers", {})
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
@@ -277,6 +278,14 @@ class Calibration:
             "torch": self.document.get("torch"),
             "source": self.document.get("source"),
         }
+
+    def uncovered(self, terms: dict) -> list[str]:
+        """The conditions of `covers` (what the calibration was measured on) this run misses."""
+        return [
+            f"{key} {terms.get(key)!r} (measured: {json.dumps(wanted)})"
+            for key, wanted in self.covers.items()
+            if not matches({key: wanted}, terms, f"{self.name}: covers")
+        ]
 
     def backend(self, terms: dict) -> str | None:
         for i, entry in enumerate(self.backends):
@@ -328,9 +337,19 @@ class Tensor:
 
 
 def default_backend(dtype: str, head_dim: int) -> str:
-    """What PyTorch picks on the GPUs this lab measured, when no calibration says otherwise:
-    flash for half types (head dimensions up to 256), math for float32 (flash takes half
-    types only; the memory-efficient kernel has no grouped-query attention)."""
+    """The guess when no calibration names the kernel: flash for half types (head dimensions
+    up to 256), math for float32 (flash takes half types only; the memory-efficient kernel
+    has no grouped-query attention).
+
+    The kernel is a property of one GPU model and one PyTorch, so the calibration file says
+    it (`attention_backends`, first match wins). The committed H200 / torch 2.11.0+cu130 one
+    (runs/20261203T080000Z-decoder-calibration) states the rule inferred from the measured
+    choices of the traced configurations (runs/20261203T070900Z-decoder-trace): cuDNN for
+    bfloat16 and float16, in the prefill and in decode (gqa4-b2-p33, gqa3-w384-b1-p100,
+    gqa4-v128256-b4-p300, mha-bias-tied-b1-p16, and every decode step), except flash where
+    the keys are one position long, which only a one-token prompt's prefill has (gqa8-b3-p1).
+    `measure` asks PyTorch's chooser which kernel ran and marks the prediction inexact when
+    it is not the one assumed."""
     return "flash" if dtype != "float32" and head_dim <= 256 else "math"
 
 
@@ -356,8 +375,16 @@ class Mirror:
         self.next_ident = 0
         self.dispatch_trace = False
         self.not_predicted: dict[str, str] = {}
-        self.backends: dict[str, str] = {}
+        self.backends: dict[str, str] = {}  # prefill / decode -> the kernel assumed
+        self.generating = "prefill"  # which of the two the current forward is
         self.call_terms: dict[int, dict] = {}  # an operator's output -> the terms of its call
+        if calibration is not None:
+            uncovered = calibration.uncovered(self.terms())
+            if uncovered:
+                self.not_predicted["calibration coverage"] = (
+                    f"{calibration.name} was measured for other runs: {', '.join(uncovered)}; "
+                    "its blocks are applied unverified"
+                )
 
     # -------------------------------------------------- allocations
 
@@ -417,6 +444,11 @@ class Mirror:
                 continue
             self.done_once.add(block["key"])
             blocks.append(block)
+            if block.get("exact") is False:
+                self.not_predicted.setdefault(
+                    f"{site}:{block.get('name', 'block')}",
+                    block.get("note", "the calibration marks this block's size inexact"),
+                )
         made: dict[str, list] = {"before_output": [], "on_return": [], "never": []}
         for block in (b for b in blocks if b.get("order", "after_output") == "before_output"):
             self.make_block(site, block, terms, made)
@@ -479,11 +511,11 @@ class Mirror:
         )
 
     def attention(self, tokens: int, keys: int) -> tuple[Tensor | None, str]:
-        kind = "prefill" if tokens > 1 else "decode"
-        backend = self.backend(tokens, keys)
-        self.backends.setdefault(kind, backend)
         b, s = self.run["batch"], self.size
-        heads, kv_heads, head_dim = self.shape.heads, self.shape.kv_heads, self.shape.head_dim
+        heads, head_dim = self.shape.heads, self.shape.head_dim
+        call = self.attention_call(tokens, keys)
+        backend = self.backend(call)
+        self.backends.setdefault(self.generating, backend)
         if backend == "math":
             return self.math_attention(tokens, keys), backend
         if head_dim % 8:
@@ -495,21 +527,22 @@ class Mirror:
             )
         if backend not in OPAQUE_BACKENDS:
             raise CalibrationError(f"attention backend {backend!r} is not one this mirror knows")
-        output = self.op(
-            "attention",
-            b * tokens * heads * head_dim * s,
-            query_length=tokens,
-            key_length=keys,
-            causal=int(tokens > 1),
-            backend=backend,
-            groups=heads // kv_heads,
-        )
+        output = self.op("attention", b * tokens * heads * head_dim * s, **call, backend=backend)
         return output, backend
 
-    def backend(self, tokens: int, keys: int) -> str:
+    def attention_call(self, tokens: int, keys: int) -> dict:
+        """The terms of one attention call, the kernel's choice and its blocks depend on."""
+        return {
+            "query_length": tokens,
+            "key_length": keys,
+            "causal": int(tokens > 1),
+            "groups": self.shape.heads // self.shape.kv_heads,
+        }
+
+    def backend(self, call: dict) -> str:
+        """The calibration's kernel for this call (its terms: the run's and the call's)."""
         if self.calibration is not None:
-            terms = self.terms(query_length=tokens, key_length=keys, causal=int(tokens > 1))
-            chosen = self.calibration.backend(terms)
+            chosen = self.calibration.backend(self.terms(**call))
             if chosen is not None:
                 return chosen
         return default_backend(self.run["dtype"], self.shape.head_dim)
@@ -602,9 +635,11 @@ class Mirror:
     # -------------------------------------------------- generation
 
     def prefill(self, holder: list) -> None:
+        self.generating = "prefill"  # a one-token prompt's prefill is not a decode step
         holder.append(self.forward(self.run["prompt"], 0))
 
     def decode(self, holder: list, first: int, count: int) -> None:
+        self.generating = "decode"
         token = holder.pop()
         for index in range(first, first + count):
             following = self.forward(1, self.run["prompt"] + index - 1)

@@ -7,6 +7,8 @@ tests/test_gpu_decoder.py and tests/benchmarks/decoder_trace.py."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import sys
@@ -26,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 MIB = 2**20
+COUNTER_KEYS = decoder.COUNTER_KEYS
 REGISTRY = validate.load_registry()
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))  # decoder_trace, the GPU tracer
 # One shape whose every tensor fits in one 512-byte block: counters are 512 x live tensors.
@@ -662,17 +665,27 @@ def test_the_tracer_finds_the_kernels_blocks_and_proposes_their_calibration(tmp_
     import decoder_trace
 
     calibration = decoder.Calibration.load(write_calibration(tmp_path))
-    results, comparisons = {}, {}
-    for name in ("gqa4-b2-p33", "gqa3-w384-b1-p100"):
+    results = {}
+    # four shapes: fewer leave other formulas that fit (8 bytes or 4 x kv_heads with the first
+    # two, 1024 x query_length or 16 x batch x query_length x head_dim with the first three)
+    for name in (
+        "gqa4-b2-p33",
+        "gqa3-w384-b1-p100",
+        "mha-bias-tied-b1-p16",
+        "gqa4-v128256-b4-p300",
+    ):
         shape, run = decoder_trace.run_of(name, "bfloat16")
         results[name] = synthetic_gpu_trace(shape, run, calibration)
-        comparisons[name] = decoder_trace.compare(results[name], None)
-        assert comparisons[name]["missing"] == []
+        comparison = decoder_trace.compare(results[name], None)
+        assert comparison["missing"] == []
         # the workspace, then per layer's prefill attention the early block and the scratch
-        assert len(comparisons[name]["extra_blocks"]) == 1 + 2 * shape.layers
+        assert len(comparison["extra_blocks"]) == 1 + 2 * shape.layers
         assert decoder_trace.compare(results[name], calibration)["exact"]
-    proposal, _ = decoder_trace.propose(results, comparisons)
+    proposal, _ = decoder_trace.propose(results, "a test")
     assert validate.validate_document(proposal, REGISTRY) == []
+    assert proposal["attention_backends"] == [
+        {"when": {"dtype": ["bfloat16"]}, "backend": "flash", "note": proposal_note(proposal)}
+    ]
     found = {(s["site"], json.dumps(s["blocks"][0]["bytes"])): s for s in proposal["sites"]}
     workspace = found[("linear", str(32 * MIB))]["blocks"][0]
     assert (workspace["order"], workspace["freed"], workspace["once"]) == (
@@ -680,9 +693,133 @@ def test_the_tracer_finds_the_kernels_blocks_and_proposes_their_calibration(tmp_
         "never",
         True,
     )
-    early = found[("attention", "8")]
-    assert (early["blocks"][0]["order"], early["blocks"][0]["freed"]) == ("before_output",) * 2
-    assert early["when"] == {"causal": 1, "dtype": ["bfloat16"]}
-    scratch = next(s for (site, _), s in found.items() if site == "attention" and s is not early)
-    assert scratch["blocks"][0]["bytes"] == {"product": [1024, "query_length"]}
-    assert scratch["blocks"][0]["freed"] == "on_return"
+    attention = next(s for (site, _), s in found.items() if site == "attention")
+    assert attention["when"] == {"backend": "flash", "causal": 1}
+    early, scratch = attention["blocks"]
+    assert (early["bytes"], early["order"], early["freed"]) == (8, "before_output", "before_output")
+    assert scratch["bytes"] == {"product": [1024, "query_length"]}  # = key_length in a prefill
+    assert scratch["freed"] == "on_return"
+    assert early["exact"]
+    assert scratch["exact"]
+    assert workspace["exact"]
+
+
+def proposal_note(proposal: dict) -> str:
+    return proposal["attention_backends"][0]["note"]
+
+
+def test_a_size_one_traced_shape_cannot_determine_is_proposed_inexact(tmp_path):
+    """One shape traced (two dtypes): 1024 x query_length and a constant both fit, and differ
+    on other prompts: the proposal says so rather than choosing."""
+    import decoder_trace
+
+    calibration = decoder.Calibration.load(write_calibration(tmp_path))
+    results = {}
+    for dtype in ("bfloat16", "float16"):
+        shape, run = decoder_trace.run_of("gqa4-b2-p33", dtype)
+        results[dtype] = synthetic_gpu_trace(shape, run, calibration)
+    proposal, _ = decoder_trace.propose(results, "a test")
+    attention = next(s for s in proposal["sites"] if s["site"] == "attention")
+    scratch = attention["blocks"][1]
+    assert scratch["bytes"] == 33 * 1024  # the simplest formula that fits, flagged
+    assert scratch["exact"] is False
+    assert "formulas fit the traced calls and disagree on other runs" in scratch["note"]
+    assert attention["blocks"][0]["exact"] is False  # 8 or 4 x kv_heads: one shape cannot say
+
+
+# ------------------------------------------------------------------ the committed H200 trace
+
+TRACE = ROOT / "runs" / "20261203T070900Z-decoder-trace" / "decoder-trace.tar.gz"
+H200 = ROOT / "runs" / "20261203T080000Z-decoder-calibration" / "decoder-calibration.json"
+TRACE_NAMES = ("gqa3-w384-b1-p100", "gqa4-b2-p33", "gqa4-v128256-b4-p300", "gqa8-b3-p1")
+TRACE_NAMES += ("mha-bias-tied-b1-p16",)
+RECORDED_KEYS = [  # the tarball's files (float16-gqa4-v128256-b4-p300 and float32 were cut)
+    f"{dtype}-{name}"
+    for dtype in ("bfloat16", "float16")
+    for name in TRACE_NAMES
+    if f"{dtype}-{name}" != "float16-gqa4-v128256-b4-p300"
+]
+FLASH_BLOCKS = {"attention:flash logsumexp?", "attention:flash rng state?"}
+FLASH_BLOCKS |= {"attention:flash 8-byte block"}
+
+
+@functools.cache
+def recorded() -> dict:
+    import decoder_trace
+
+    return decoder_trace.recorded_results(TRACE)
+
+
+def test_the_calibration_names_the_trace_it_was_fitted_from():
+    document = json.loads(H200.read_text())
+    assert document["derived_from"] == {
+        "trace": "runs/20261203T070900Z-decoder-trace/decoder-trace.tar.gz",
+        "sha256": hashlib.sha256(TRACE.read_bytes()).hexdigest(),
+        "configurations": sorted(RECORDED_KEYS),
+    }
+    assert sorted(recorded()) == sorted(RECORDED_KEYS)
+    found = decoder.find_calibration("NVIDIA H200", "2.11.0+cu130")
+    assert found.name == "runs/20261203T080000Z-decoder-calibration/decoder-calibration.json"
+
+
+@pytest.mark.parametrize("key", RECORDED_KEYS)
+def test_the_calibrated_mirror_replays_the_h200_allocation_for_allocation(key):
+    """Every allocation (to the byte) and every free of the recorded rows in the GPU's order,
+    every counter of every row, the kernel PyTorch chose; exact unless a block the one traced
+    flash shape cannot determine is used, and then it says which."""
+    import decoder_trace
+
+    result = recorded()[key]
+    shape, run = decoder_trace.shape_and_run(result)
+    rows, mirror = decoder.predict(shape, run, decoder.Calibration.load(H200))
+    gpu = decoder_trace.measured_events(result["gpu_events"])
+    assert all(event[0] == "free" for event in result["gpu_events"][len(gpu) :])
+    events = [event for event in mirror.events if event[0] != "phase"]
+    assert decoder.comparable(events, 1) == decoder.comparable(gpu, 1)
+    assert decoder.comparable(events, 512) == decoder.comparable(gpu, 512)
+    assert [row["phase"] for row in rows] == [row["phase"] for row in result["measured_rows"]]
+    for predicted, measured in zip(rows, result["measured_rows"], strict=True):
+        assert {k: predicted[k] for k in COUNTER_KEYS} == {k: measured[k] for k in COUNTER_KEYS}
+    assert mirror.backends == result["measured_attention_backend"]
+    assert set(mirror.not_predicted) == (FLASH_BLOCKS if key.endswith("-p1") else set())
+
+
+def test_the_recorded_bias_config_aligns_with_no_mirror_block_left_over():
+    """A cuDNN 8-byte seed is no 512-byte attention output: compared in 512-byte blocks it
+    passed for one, and the tracer reported three mirror blocks the GPU never made."""
+    import decoder_trace
+
+    comparison = decoder_trace.compare(recorded()["bfloat16-mha-bias-tied-b1-p16"], None)
+    assert comparison["missing"] == []
+    seeds = [b for b in comparison["extra_blocks"] if b["bytes"] == 8]
+    assert len(seeds) == 3 * 2  # one layer; prefill, warm-up, one decode row: seed and offset
+
+
+def test_the_committed_calibration_is_the_fitters_own_on_the_committed_trace():
+    """Refitting the tarball gives the committed file; only names and notes were reviewed."""
+    import decoder_trace
+
+    def fitted(document: dict) -> dict:
+        document = json.loads(json.dumps(document))
+        document.pop("source")
+        for entry in document["attention_backends"]:
+            entry.pop("note")
+        for site in document["sites"]:
+            for block in site["blocks"]:
+                block.pop("name"), block.pop("note")
+        return document
+
+    origin = decoder_trace.derived_from(TRACE, recorded())
+    proposal, _ = decoder_trace.propose(recorded(), "refitted", origin)
+    assert fitted(proposal) == fitted(json.loads(H200.read_text()))
+
+
+def test_a_run_the_calibration_was_not_measured_on_says_so():
+    calibration = decoder.Calibration.load(H200)
+    _, mirror = decoder.predict(TINY, run_of(dtype="float32"), calibration)
+    assert mirror.not_predicted["calibration coverage"].startswith(
+        "runs/20261203T080000Z-decoder-calibration/decoder-calibration.json was measured for "
+        'other runs: dtype \'float32\' (measured: ["bfloat16", "float16"])'
+    )
+    _, mirror = decoder.predict(TINY, run_of(dtype="bfloat16", prompt=4), calibration)
+    assert "calibration coverage" not in mirror.not_predicted

@@ -28,13 +28,15 @@ review it, commit it as runs/<id>/decoder-calibration.json, and run this again w
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import linecache
 import math
 import subprocess
 import sys
-from collections import defaultdict
+import tarfile
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,26 +125,34 @@ def child(name: str, dtype: str, device_text: str, output: Path, calibration) ->
 # ---------------------------------------------------------------- the comparison
 
 
-def rounded(nbytes: int) -> int:
-    return max(BLOCK, -(-nbytes // BLOCK) * BLOCK)
+def outside_model(frame: str) -> bool:
+    """A frame that is no decoder_model.py line ("file.py:line function" or none)."""
+    return frame == "no Python frame" or frame.split(":", 1)[0].endswith(".py")
+
+
+def measured_events(gpu: list) -> list:
+    """The GPU's events up to the end of the last row: the frees after it, outside the model's
+    code, are the process dropping the weights, the cache and the last token (no row holds
+    them; the mirror stops where the rows stop)."""
+    end = len(gpu)
+    while end and gpu[end - 1][0] == "free" and outside_model(gpu[end - 1][3]):
+        end -= 1
+    return gpu[:end]
 
 
 def align(gpu: list, mirror: list) -> tuple[dict, list]:
-    """Walk the GPU's events against the mirror's: an allocation of the size the mirror makes
-    next is the same tensor; any other is the kernels' own (extra), and so is its free. A GPU
-    free matches the mirror's if the mirror frees that tensor in its current run of frees.
-    Returns {GPU position: mirror event} for the matched allocations and the mirror
-    allocations the GPU never made."""
+    """Walk the GPU's events against the mirror's: an allocation of exactly the bytes the
+    mirror makes next is the same tensor; any other is the kernels' own (extra), and so is
+    its free. (Exact bytes, not 512-byte blocks: an 8-byte seed would otherwise pass for a
+    512-byte output.) A GPU free matches the mirror's if the mirror frees that tensor in its
+    current run of frees. Returns {GPU position: mirror event} for the matched allocations
+    and the mirror allocations the GPU never made."""
     j, matched, by_ident, consumed = 0, {}, {}, set()
     for position, (action, ident, size, _) in enumerate(gpu):
         while j < len(mirror) and j in consumed:
             j += 1
         if action == "alloc":
-            if (
-                j < len(mirror)
-                and mirror[j][0] == "alloc"
-                and rounded(mirror[j][2]) == rounded(size)
-            ):
+            if j < len(mirror) and mirror[j][0] == "alloc" and mirror[j][2] == size:
                 matched[position] = by_ident[ident] = mirror[j]
                 j += 1
             continue
@@ -187,17 +197,21 @@ def extra_blocks(gpu: list, matched: dict, call_terms: dict) -> list[dict]:
         call = None
         if output is not None:
             event = matched[output]
-            call = {"site": event[3], "terms": call_terms.get(event[1], {})}
+            call = {"site": event[3], "terms": call_terms.get(event[1], {}), "position": output}
         blocks.append({"bytes": size, "order": order, "freed": freed, "frame": frame, "call": call})
     return blocks
 
 
-def compare(result: dict, calibration) -> dict:
+def shape_and_run(result: dict) -> tuple[decoder.Shape, dict]:
     shape = decoder.Shape(**result["configuration"]["shape"])
-    run = {k: result["configuration"][k] for k in decoder.RUN_DEFAULTS}
+    return shape, {k: result["configuration"][k] for k in decoder.RUN_DEFAULTS}
+
+
+def compare(result: dict, calibration) -> dict:
+    shape, run = shape_and_run(result)
     rows, mirror = decoder.predict(shape, run, calibration)
     mirror_events = [list(e) for e in mirror.events if e[0] != "phase"]
-    gpu_events = result["gpu_events"]
+    gpu_events = measured_events(result["gpu_events"])
     left = decoder.comparable(gpu_events, BLOCK)
     right = decoder.comparable(mirror_events, BLOCK)
     at = decoder.first_mismatch(left, right)
@@ -215,6 +229,11 @@ def compare(result: dict, calibration) -> dict:
             "gpu": left[max(0, at - 4) : at + 6],
             "mirror": right[max(0, at - 4) : at + 6],
         }
+    calls = [
+        {"position": p, "site": matched[p][3], "terms": mirror.call_terms[matched[p][1]]}
+        for p in sorted(matched)
+        if matched[p][1] in mirror.call_terms
+    ]
     return {
         "exact": at is None and not counters,
         "backends": {"measured": result["measured_attention_backend"], "mirror": mirror.backends},
@@ -224,19 +243,98 @@ def compare(result: dict, calibration) -> dict:
         "first_mismatch": mismatch,
         "counter_differences": counters,
         "not_predicted": mirror.not_predicted,
+        "calls": calls,  # every operator call, for the proposal (not written)
     }
 
 
 # ---------------------------------------------------------------- the proposal
 
+# The terms a backend rule or a block's condition may be stated in, the first that separates
+# the calls that have it from those that do not wins.
+BACKEND_TERMS = ("query_length", "key_length", "causal", "head_dim", "groups", "batch")
+CONDITION_TERMS = ("causal", "bias", "query_length", "key_length", "groups", "dtype")
+# Runs (batch, prompt, new tokens) of every traced and preset shape: a formula is determined
+# when every formula that fits the trace gives the same bytes on all their calls.
+PROBE_RUNS = ((5, 7, 3), (2, 1, 2))
 
-def fit(samples: list[tuple[dict, int]]) -> list:
-    """Formulas that give every size seen: an integer, else an integer times up to three
-    terms, fewest terms first. Empty when nothing simple fits."""
-    sizes = {size for _, size in samples}
-    if len(sizes) == 1:
-        return [sizes.pop()]
+
+def separating(members: list[dict], others: list[dict], names) -> dict | None:
+    """The first term whose values over `members` none of `others` has, as a condition."""
+    for name in names:
+        values = {terms.get(name) for terms in members}
+        if None in values or not values.isdisjoint(terms.get(name) for terms in others):
+            continue
+        ordered = sorted(values, key=str)
+        return {name: ordered[0] if len(ordered) == 1 else ordered}
+    return None
+
+
+def attention_calls(key: str, result: dict) -> list[tuple[dict, str, str]]:
+    """The calls PyTorch's chooser was asked about (the prefill, the first decode step), with
+    the kernel it named: (terms, backend, label)."""
+    shape, run = shape_and_run(result)
+    mirror, prompt = decoder.Mirror(shape, run), run["prompt"]
     found = []
+    for kind, tokens, keys in (("prefill", prompt, prompt), ("decode", 1, prompt + 1)):
+        backend = result["measured_attention_backend"].get(kind)
+        if backend:
+            terms = mirror.terms(**mirror.attention_call(tokens, keys))
+            found.append((terms, backend, f"{result['configuration']['name']} {kind}"))
+    return found
+
+
+def infer_backends(results: dict[str, dict]) -> tuple[list[dict], list[str]]:
+    """Per dtype, the kernel most calls took, after the exceptions, each stated by the first
+    term that tells its calls from the others. Dtypes with the same rule share entries."""
+    by_dtype: dict[str, list] = defaultdict(list)
+    for key, result in sorted(results.items()):
+        for call in attention_calls(key, result):
+            by_dtype[call[0]["dtype"]].append(call)
+    rules: dict[tuple, list] = defaultdict(list)
+    labels: dict[tuple, dict] = defaultdict(lambda: defaultdict(set))  # rule -> kernel -> calls
+    problems = []
+    for dtype, seen in sorted(by_dtype.items()):
+        counts = Counter(backend for _, backend, _ in seen)
+        default = max(sorted(counts), key=counts.get)
+        exceptions = []
+        for backend in sorted(set(counts) - {default}):
+            members = [t for t, b, _ in seen if b == backend]
+            when = separating(members, [t for t, b, _ in seen if b != backend], BACKEND_TERMS)
+            if when is None:
+                problems.append(f"{dtype}: no single term tells the {backend} calls apart")
+                continue
+            exceptions.append((json.dumps(when, sort_keys=True), backend))
+        rule = (tuple(exceptions), default)
+        rules[rule].append(dtype)
+        for _, backend, label in seen:
+            labels[rule][backend].add(label)
+    entries = []
+    for (exceptions, default), dtypes in rules.items():
+        for when, backend in exceptions:
+            entries.append(
+                {
+                    "when": {"dtype": dtypes, **json.loads(when)},
+                    "backend": backend,
+                    "note": "measured: "
+                    + ", ".join(sorted(labels[(exceptions, default)][backend])),
+                }
+            )
+        entries.append(
+            {
+                "when": {"dtype": dtypes},
+                "backend": default,
+                "note": "measured: " + ", ".join(sorted(labels[(exceptions, default)][default])),
+            }
+        )
+    return entries, problems
+
+
+def fit(samples: list[tuple[dict, int]], probes: list[dict] = ()) -> tuple[list, bool]:
+    """Every formula that gives every size seen: the size itself when it never changes, an
+    integer times up to three terms, fewest terms first. Determined when they all give the
+    same bytes on every probe call (calls of other runs where the block would be made)."""
+    sizes = {size for _, size in samples}
+    found: list = [next(iter(sizes))] if len(sizes) == 1 else []
     names = [t for t in FIT_TERMS if all(isinstance(terms.get(t), int) for terms, _ in samples)]
     for count in (1, 2, 3):
         for chosen in itertools.combinations(names, count):
@@ -249,83 +347,180 @@ def fit(samples: list[tuple[dict, int]]) -> list:
             else:
                 if len(coefficients) == 1:
                     found.append({"product": [coefficients.pop(), *chosen]})
-        if found:
-            return found
-    return []
+    determined = bool(found) and all(
+        len({decoder.evaluate(formula, terms, "fit") for formula in found}) == 1 for terms in probes
+    )
+    return found, determined
 
 
-def propose(results: dict[str, dict], comparisons: dict[str, dict]) -> tuple[dict, list]:
-    groups: dict[tuple, list] = defaultdict(list)
-    for key, comparison in comparisons.items():
-        for block in comparison["extra_blocks"]:
-            site = block["call"]["site"] if block["call"] else "no operator"
-            identity = (site, block["frame"].split(" ", 1)[0], block["order"], block["freed"])
-            groups[identity].append((key, block))
-    sites, report = [], []
-    for (site, frame, order, freed), members in sorted(groups.items()):
-        samples = [(b["call"]["terms"] if b["call"] else {}, b["bytes"]) for _, b in members]
-        formulas = fit(samples)
-        lengths = {terms.get("query_length") for terms, _ in samples}
-        when = {}
-        if lengths == {1}:
-            when["query_length"] = 1
-        elif 1 not in lengths and None not in lengths:
-            when["causal"] = 1
-        dtypes = sorted({terms.get("dtype") for terms, _ in samples if terms.get("dtype")})
-        if dtypes and dtypes != sorted(DTYPES):
-            when["dtype"] = dtypes
-        per_process = defaultdict(int)
-        for key, _ in members:
-            per_process[key] += 1
-        once = freed == "never" and set(per_process.values()) == {1}
-        if not formulas:
-            fitted = f"no simple formula fits: sizes {sorted({size for _, size in samples})}"
-        elif len(formulas) > 1:
-            fitted = f"other formulas that fit: {formulas[1:]}"
-        else:
-            fitted = "one formula fits"
-        entry = {
-            "site": site,
-            "when": when,
-            "blocks": [
-                {
-                    "name": frame,
-                    "bytes": formulas[0] if formulas else max(size for _, size in samples),
-                    "order": order,
-                    "freed": freed,
-                    "once": once,
-                    "note": f"seen {len(members)} times in {len(per_process)} runs; {fitted}",
-                }
-            ],
-        }
-        sites.append(entry)
-        report.append(
-            f"{site:<18} {order:<13} freed {freed:<13} once={once!s:<5} "
-            f"{json.dumps(entry['blocks'][0]['bytes'])}  when {json.dumps(when)}  [{frame}]"
-        )
+def probe_calls(results: dict[str, dict], chooser) -> dict[str, list[dict]]:
+    """The operator calls, by site, of every traced and preset shape over PROBE_RUNS."""
+    shapes = {json.dumps(r["configuration"]["shape"], sort_keys=True) for r in results.values()}
+    shapes = [decoder.Shape(**json.loads(s)) for s in sorted(shapes)]
+    shapes += [shape for shape, _ in decoder.PRESETS.values()]
+    dtypes = sorted({r["configuration"]["dtype"] for r in results.values()})
+    calls: dict[str, list[dict]] = defaultdict(list)
+    for shape, dtype, (batch, prompt, new) in itertools.product(shapes, dtypes, PROBE_RUNS):
+        run = dict(decoder.RUN_DEFAULTS, batch=batch, prompt=prompt, new_tokens=new, dtype=dtype)
+        _, mirror = decoder.predict(shape, run, chooser)
+        sites = {e[1]: e[3] for e in mirror.events if e[0] == "alloc"}
+        for ident, terms in mirror.call_terms.items():
+            calls[sites[ident]].append(terms)
+    return calls
+
+
+def propose(results: dict[str, dict], source: str, derived_from=None) -> tuple[dict, list]:
+    """A calibration from traces: the kernel choice (infer_backends), then, replaying with
+    it, each operator call's extra blocks by site, kernel, order and rank; for each, its
+    formula (fit), the condition that tells the calls that make it from those that do not
+    (separating), and whether only the first call does (a library workspace)."""
     first = next(iter(results.values()))
+    backends, report = infer_backends(results)
     proposal = {
         "schema": decoder.CALIBRATION_SCHEMA,
         "gpu": {"name": first["gpu"], "multiprocessors": first["multiprocessors"]},
         "torch": first["torch"],
-        "source": "tests/benchmarks/decoder_trace.py: the kernels' own blocks, fitted; review "
-        "before committing",
-        "attention_backends": [
-            {"when": {"dtype": [dtype]}, "backend": backend}
-            for dtype, backend in sorted(
-                {
-                    (r["configuration"]["dtype"], r["measured_attention_backend"].get("prefill"))
-                    for r in results.values()
-                    if r["measured_attention_backend"].get("prefill")
-                }
-            )
-        ],
-        "sites": sites,
+        "source": source,
+        **({"derived_from": derived_from} if derived_from else {}),
+        "covers": {"dtype": sorted({r["configuration"]["dtype"] for r in results.values()})},
+        "attention_backends": backends,
+        "sites": [],
     }
+    chooser = decoder.Calibration(proposal, "the proposal's kernel choice")
+    groups: dict[tuple, list] = defaultdict(list)
+    population: dict[tuple, list] = defaultdict(list)
+    first_calls: dict[tuple, list] = defaultdict(list)
+    for key, result in sorted(results.items()):
+        comparison = compare(result, chooser)
+        by_call: dict[int, list] = defaultdict(list)
+        for block in comparison["extra_blocks"]:
+            if block["call"] is None or not block["call"]["terms"]:
+                report.append(f"{key}: a {block['bytes']}-byte block no operator call explains")
+                continue
+            by_call[block["call"]["position"]].append(block)
+        for call in comparison["calls"]:
+            kind = (call["site"], call["terms"].get("backend"))
+            if not population[kind] or population[kind][-1][0] != key:
+                first_calls[kind].append(call["terms"])
+            population[kind].append((key, call["terms"]))
+            blocks = by_call.get(call["position"], [])
+            for rank, order in enumerate(("before_output", "after_output")):
+                for index, block in enumerate(b for b in blocks if b["order"] == order):
+                    groups[(*kind, rank, index)].append((key, call["terms"], block))
+    probes = probe_calls(results, chooser)
+    entries: dict[tuple, dict] = {}
+    for (site, backend, _, index), members in sorted(groups.items(), key=str):
+        entry, block = fitted_block(site, backend, index, members, population, first_calls, probes)
+        identity = (site, json.dumps(entry["when"], sort_keys=True))
+        entries.setdefault(identity, entry)["blocks"].append(block)
+        report.append(
+            f"{site:<10} {json.dumps(entry['when']):<40} {block['order']:<13} freed "
+            f"{block['freed']:<10} once={block['once']!s:<5} exact={block['exact']!s:<5} "
+            f"{json.dumps(block['bytes'])}"
+        )
+    proposal["sites"] = list(entries.values())
     return proposal, report
 
 
+def fitted_block(site, backend, index, members, population, first_calls, probes):
+    """One calibration block (and its entry's condition) from the calls that made it."""
+    kind = (site, backend)
+    order = members[0][2]["order"]
+    freed = Counter(block["freed"] for _, _, block in members).most_common(1)[0][0]
+    per_run = Counter(key for key, _, _ in members)
+    once = freed == "never" and set(per_run.values()) == {1}
+    made = {id(terms) for _, terms, _ in members}
+    candidates = first_calls[kind] if once else [terms for _, terms in population[kind]]
+    others = [terms for terms in candidates if id(terms) not in made]
+    when = {"backend": backend} if backend else {}
+    condition = separating([t for _, t, _ in members], others, CONDITION_TERMS) if others else {}
+    problems = []
+    if condition is None:
+        problems.append(f"made by {len(made)} of {len(population[kind])} calls, no single term "
+                        "tells which")  # fmt: skip
+        condition = {}
+    when.update(condition)
+    if len({block["freed"] for _, _, block in members}) > 1:
+        problems.append("freed at different moments by different calls")
+    where = [t for t in probes.get(site, []) if decoder.matches(when, t, "probe")]
+    formulas, determined = fit([(t, b["bytes"]) for _, t, b in members], [] if once else where)
+    sizes = sorted({b["bytes"] for _, _, b in members})
+    if not formulas:
+        problems.append(f"no simple formula fits the sizes {sizes}: the largest is written")
+    elif not determined:
+        problems.append(
+            f"{len(formulas)} formulas fit the traced calls and disagree on other runs "
+            f"(e.g. {json.dumps(formulas[:4])}): trace more shapes"
+        )
+    seen = f"seen {len(members)} times in {len(per_run)} runs"
+    if once:
+        seen += "; made once and kept: a library workspace, its size the library's setting"
+    block = {
+        "name": f"{backend or site} {order.split('_')[0]} #{index}",
+        "bytes": formulas[0] if formulas else sizes[-1],
+        "order": order,
+        "freed": freed,
+        "once": once,
+        "exact": not problems,
+        "note": "; ".join([seen, *problems]),
+    }
+    return {"site": site, "when": when, "blocks": []}, block
+
+
+def recorded_results(trace: Path) -> dict[str, dict]:
+    """The per-configuration files of a committed trace (a .tar.gz of this tool's output)."""
+    results = {}
+    with tarfile.open(trace) as archive:
+        for member in sorted(archive.getmembers(), key=lambda m: m.name):
+            name = Path(member.name).name
+            if member.isfile() and name.endswith(".json") and name != "summary.json":
+                document = json.load(archive.extractfile(member))
+                if "gpu_events" in document:
+                    results[name.removesuffix(".json")] = document
+    return results
+
+
+def derived_from(trace: Path, results: dict) -> dict:
+    return {
+        "trace": decoder.recorded_path(trace),
+        "sha256": hashlib.sha256(trace.read_bytes()).hexdigest(),
+        "configurations": sorted(results),
+    }
+
+
 # ---------------------------------------------------------------- main
+
+
+def report_comparisons(results: dict, calibration, output_dir: Path, write: bool) -> dict:
+    summary = {}
+    for key, result in results.items():
+        c = compare(result, calibration)
+        c.pop("calls")
+        if write:
+            (output_dir / f"{key}.json").write_text(json.dumps({**result, **c}, indent=1) + "\n")
+        summary[key] = {
+            "exact": c["exact"],
+            "extra_blocks": len(c["extra_blocks"]),
+            "missing": len(c["missing"]),
+            "first_mismatch_step": c["first_mismatch"]["step"] if c["first_mismatch"] else None,
+            "counter_differences": c["counter_differences"],
+            "backends": c["backends"],
+            "not_predicted": c["not_predicted"],
+        }
+        state = "exact" if c["exact"] else (
+            f"{len(c['extra_blocks'])} kernel blocks not predicted, {len(c['missing'])} "
+            f"mirror blocks the GPU never made, {len(c['counter_differences'])} counters differ"
+        )  # fmt: skip
+        if c["exact"] and c["not_predicted"]:
+            state += f" (the prediction says inexact: {', '.join(sorted(c['not_predicted']))})"
+        print(f"{key:<34} {state}")
+        if c["missing"]:
+            print(
+                f"  the mirror makes what the GPU does not: {c['missing'][:3]} (fix decoder.Mirror)"
+            )
+        if c["backends"]["measured"] != c["backends"]["mirror"]:
+            print(f"  attention: GPU {c['backends']['measured']}, mirror {c['backends']['mirror']}")
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,6 +529,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", type=Path, help="a new folder (required)")
     parser.add_argument("--calibration", type=Path)
     parser.add_argument("--only", choices=sorted(CONFIGURATIONS))
+    parser.add_argument(
+        "--from-trace",
+        type=Path,
+        metavar="TAR_GZ",
+        help="refit a committed trace on the CPU (no GPU, no torch): the proposal, then every "
+        "configuration compared with it (or with --calibration)",
+    )
     parser.add_argument(
         "--child", nargs=3, metavar=("NAME", "DTYPE", "FILE"), help=argparse.SUPPRESS
     )
@@ -345,8 +547,39 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_dir is None:
         parser.error("the following arguments are required: --output-dir")
     args.output_dir.mkdir(parents=True, exist_ok=False)
+    failures: dict[str, dict] = {}
+    if args.from_trace:
+        results = recorded_results(args.from_trace)
+        trace = decoder.recorded_path(args.from_trace)
+        source = (
+            f"tests/benchmarks/decoder_trace.py --from-trace {trace}: the kernels' blocks, fitted"
+        )
+        origin = derived_from(args.from_trace, results)
+    else:
+        results, failures = run_children(args)
+        source = "tests/benchmarks/decoder_trace.py: the kernels' own blocks, fitted"
+        origin = None
+    proposal, report = propose(results, source, origin) if results else ({}, [])
+    if proposal.get("sites"):
+        path = args.output_dir / "calibration-proposal.json"
+        path.write_text(json.dumps(proposal, indent=2) + "\n")
+        print("kernel blocks by site (site, when, order, lifetime, once, exact, formula):")
+        print("\n".join(f"  {line}" for line in report))
+        print(f"proposal: {path}")
+    if args.from_trace and calibration is None and proposal:
+        calibration = decoder.Calibration(proposal, "the proposal")
+        print("the recorded configurations against the proposal:")
+    summary = report_comparisons(results, calibration, args.output_dir, not args.from_trace)
+    summary.update(failures)
+    (args.output_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return 0 if summary and all(s.get("exact") for s in summary.values()) else 1
+
+
+def run_children(args) -> tuple[dict[str, dict], dict[str, dict]]:
+    """One fresh process per configuration and dtype on the GPU: its raw events, and the
+    children that failed (each a summary entry, never exact)."""
     names = [args.only] if args.only else list(CONFIGURATIONS)
-    results, comparisons, summary = {}, {}, {}
+    results, failures = {}, {}
     for dtype, name in itertools.product(DTYPES, names):
         key = f"{dtype}-{name}"
         raw = args.output_dir / f"{key}.gpu.json"
@@ -354,43 +587,11 @@ def main(argv: list[str] | None = None) -> int:
         done = subprocess.run([*command, str(raw)], capture_output=True, text=True)
         if done.returncode != 0:
             print(f"{key}: the child failed: {done.stderr.strip().splitlines()[-1:]}")
-            summary[key] = {"error": done.stderr[-2000:]}
+            failures[key] = {"error": done.stderr[-2000:]}
             continue
         results[key] = json.loads(raw.read_text())
-        comparisons[key] = compare(results[key], calibration)
-        c = comparisons[key]
-        (args.output_dir / f"{key}.json").write_text(
-            json.dumps({**results[key], **c}, indent=1) + "\n"
-        )
         raw.unlink()
-        summary[key] = {
-            "exact": c["exact"],
-            "extra_blocks": len(c["extra_blocks"]),
-            "missing": len(c["missing"]),
-            "first_mismatch_step": c["first_mismatch"]["step"] if c["first_mismatch"] else None,
-            "counter_differences": c["counter_differences"],
-            "backends": c["backends"],
-        }
-        state = "exact" if c["exact"] else (
-            f"{len(c['extra_blocks'])} kernel blocks not predicted, {len(c['missing'])} "
-            f"mirror blocks the GPU never made, {len(c['counter_differences'])} counters differ"
-        )  # fmt: skip
-        print(f"{key:<34} {state}")
-        if c["missing"]:
-            print(
-                f"  the mirror makes what the GPU does not: {c['missing'][:3]} (fix decoder.Mirror)"
-            )
-        if c["backends"]["measured"] != c["backends"]["mirror"]:
-            print(f"  attention: GPU {c['backends']['measured']}, mirror {c['backends']['mirror']}")
-    proposal, report = propose(results, comparisons) if results else ({}, [])
-    (args.output_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    if proposal.get("sites"):
-        path = args.output_dir / "calibration-proposal.json"
-        path.write_text(json.dumps(proposal, indent=2) + "\n")
-        print("kernel blocks by site (site, order, lifetime, once, formula, when, model line):")
-        print("\n".join(f"  {line}" for line in report))
-        print(f"proposal: {path}")
-    return 0 if all(s.get("exact") for s in summary.values()) else 1
+    return results, failures
 
 
 if __name__ == "__main__":
