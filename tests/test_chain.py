@@ -426,8 +426,10 @@ def test_the_network_chain_still_runs_the_kit_script(tmp_path, monkeypatch):
         (["--preset", "llama-3.2-1b", "--new-tokens", "1"], "needs --new-tokens >= 2"),
         (["--preset", "llama-3.2-1b", "--context", "128"], "unrecognized arguments: --context"),
         (
-            ["--layers", "1", "--width", "64", "--heads", "3", "--kv-heads", "2", "--ffn", "8"]
-            + ["--vocab", "10", "--head-dim", "8"],
+            [
+                *("--layers", "1", "--width", "64", "--heads", "3", "--kv-heads", "2"),
+                *("--ffn", "8", "--vocab", "10", "--head-dim", "8"),
+            ],
             "--heads 3 is not a multiple of --kv-heads 2",
         ),
         (["--preset", "llama-3.2-1b", "--output", "x.json"], "the chain names its outputs"),

@@ -68,7 +68,8 @@ def predicted_peak_below_end(d):
         (break_counter, "$.phases[2]: allocated_bytes "),
         (
             swap_rows,
-            "$.phases: 6 rows, the plan of prompt 16, new_tokens 4, warmup 1, tokens_per_row 1 has 6 (row 4 is ('decode', 2",
+            "$.phases: 6 rows, the plan of prompt 16, new_tokens 4, warmup 1, "
+            "tokens_per_row 1 has 6 (row 4 is ('decode', 2",
         ),
         (drop_last, "$.phases: 5 rows, the plan of prompt 16, new_tokens 4, warmup 1, "),
         (wrong_difference, "$.summary.prediction.by_counter.reserved_bytes: 512, the rows give 0"),
