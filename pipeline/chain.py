@@ -1,9 +1,14 @@
 """The measure chain: environment and measurement in one fresh process, then one log row.
 
     python pipeline/chain.py --device cuda:N|cuda|all [measure flags] [--runs-dir DIR]
+    python pipeline/chain.py --device cuda:0 --workload decoder --preset llama-3.1-8b \
+        --batch 8 --prompt 2048 --new-tokens 128 --dtype bfloat16
 
-What it guarantees:
-- bad flags (those of `mesure_memoire.py measure`) fail before a run folder exists;
+--workload network (the default) measures the seed's synthetic network with the kit script
+`mesure_memoire.py measure`; --workload decoder a decoder-only language model with
+`decoder.py measure` (same outputs, exit codes and protocol; decoder rows go to the decoder
+log, record.py). What it guarantees:
+- bad flags (those of the workload's `measure`) fail before a run folder exists;
 - each run gets a new folder, never reused; a run is recorded only once both of its files
   validate; an out-of-memory result is recorded and the chain exits 3;
 - a chain that stops early records nothing and keeps what was written (environment.json
@@ -19,6 +24,7 @@ import sys
 from pathlib import Path
 
 import cli
+import decoder
 import launcher
 import mesure_memoire
 import run_folders
@@ -28,20 +34,33 @@ def announce(message: str) -> None:
     print(f"chain.py: {message}", flush=True)  # flushed: the children write to the same stream
 
 
-def check_measure_flags(flags: list[str]) -> None:
-    """Bad flags fail here, before a run folder exists, with the kit script's own message."""
+# The script that measures each workload, as the launcher runs it.
+WORKLOADS = {"network": "mesure_memoire.py", "decoder": "decoder.py"}
+
+
+def check_measure_flags(flags: list[str], workload: str = "network") -> None:
+    """Bad flags fail here, before a run folder exists, with the measuring script's own
+    message (for the decoder also its shape rules: a preset or all six shape options)."""
     for name in ("--output", "--environment-output"):
         if any(flag == name or flag.startswith(f"{name}=") for flag in flags):
             raise cli.UsageError(f"the chain names its outputs: drop {name}")
-    mesure_memoire.build_parser().parse_args(
-        ["measure", "--device", "cuda:0", *flags, "--output", "unused"]
-    )
+    argv = ["measure", "--device", "cuda:0", *flags, "--output", "unused"]
+    if workload == "network":
+        mesure_memoire.build_parser().parse_args(argv)
+        return
+    args = decoder.build_parser().parse_args(argv)
+    decoder.shape_from_args(args)
+    decoder.run_configuration(args)
+    if args.calibration is not None:
+        decoder.Calibration.load(args.calibration)
 
 
-def run_steps(runner: launcher.Launcher, commands: list[list[str]]) -> list[int]:
-    """Kit commands side by side, each a fresh process; all are started from this thread,
-    then waited for."""
-    children = [runner.start(argv) for argv in commands]  # torch loads there...
+def run_steps(
+    runner: launcher.Launcher, commands: list[list[str]], script: str = WORKLOADS["network"]
+) -> list[int]:
+    """Measuring commands side by side, each a fresh process; all are started from this
+    thread, then waited for."""
+    children = [runner.start(argv, script=script) for argv in commands]  # torch loads there...
     import record  # noqa: F401  ...while this process imports jsonschema for the last step
 
     return [child.wait() for child in children]
@@ -59,7 +78,11 @@ def end_unrecorded(folder: Path, why: str, code: int) -> int:
 
 
 def run_chains(
-    runner: launcher.Launcher, devices: list[str], flags: list[str], runs_dir: Path
+    runner: launcher.Launcher,
+    devices: list[str],
+    flags: list[str],
+    runs_dir: Path,
+    workload: str = "network",
 ) -> list[int]:
     """One chain per device, side by side; returns each chain's exit code."""
     folders = {device: run_folders.new_run_folder(runs_dir) for device in devices}
@@ -79,7 +102,10 @@ def run_chains(
         for device in devices
     ]
     try:
-        codes = run_steps(runner, steps)
+        if workload == "network":  # the seed's chain, called as it always was
+            codes = run_steps(runner, steps)
+        else:
+            codes = run_steps(runner, steps, script=WORKLOADS[workload])
     except KeyboardInterrupt:
         return [end_unrecorded(folder, "interrupted", 130) for folder in folders.values()]
     import record
@@ -106,12 +132,12 @@ def most_severe(codes: list[int]) -> int:
     return max(codes, key=lambda code: (code not in (cli.OK, cli.OUT_OF_MEMORY), code))
 
 
-def run_all(runner: launcher.Launcher, flags: list[str], runs_dir: Path) -> int:
+def run_all(runner: launcher.Launcher, flags: list[str], runs_dir: Path, workload: str) -> int:
     count = visible_gpus(runner)
     if count == 0:
         raise cli.UsageError("--device all: no GPU is visible to PyTorch")
     announce(f"all: {count} GPU(s), one chain each, side by side")
-    codes = run_chains(runner, [f"cuda:{i}" for i in range(count)], flags, runs_dir)
+    codes = run_chains(runner, [f"cuda:{i}" for i in range(count)], flags, runs_dir, workload)
     announce(f"all: exit codes {codes}")
     return most_severe(codes)
 
@@ -120,16 +146,23 @@ def run_chain(argv: list[str] | None) -> int:
     parser = cli.Parser(prog="chain.py", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--device", required=True, help="cuda:N, cuda, or all")
     parser.add_argument("--runs-dir", type=Path, default=run_folders.RUNS, help="default: runs/")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="network",
+        help="network: the seed's synthetic network (default); decoder: decoder.py's model",
+    )
     args, flags = parser.parse_known_args(argv)
     if args.device != "all":
         cli.device(args.device)
-    check_measure_flags(flags)
+    check_measure_flags(flags, args.workload)
     runs_dir = cli.existing_folder(args.runs_dir)
     if args.device == "all":  # many measurements: children of one server that imported torch
-        return run_all(launcher.Launcher(), flags, runs_dir)
+        return run_all(launcher.Launcher(), flags, runs_dir, args.workload)
     # one measurement: a fresh interpreter imports torch once, as a server would, and starts
-    # the CUDA driver meanwhile (mesure_memoire.py); a server would add its own start-up
-    return run_chains(launcher.Launcher(fork=False), [args.device], flags, runs_dir)[0]
+    # the CUDA driver meanwhile (the measuring script); a server would add its own start-up
+    one = launcher.Launcher(fork=False)
+    return run_chains(one, [args.device], flags, runs_dir, args.workload)[0]
 
 
 def main(argv: list[str] | None = None) -> int:

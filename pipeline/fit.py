@@ -3,6 +3,7 @@
     python3 pipeline/fit.py runs/<run-id>/ --days 7 [--accepted-results 40] [--json]
     python3 pipeline/fit.py runs/<id>-sweep/ --days 30      # its largest completed point
     python3 pipeline/fit.py prediction.json --days 3        # from estimate --phases --json
+    python3 pipeline/fit.py decoder-prediction.json --days 7  # from decoder.py estimate --json
 
 One GPU holds a peak when the peak reserved by PyTorch's allocator plus the CUDA context fits
 in the total memory PyTorch reports for that GPU. Where runs in the runs directory (or the
@@ -85,7 +86,18 @@ def read_json_bytes(path: Path) -> tuple[dict, bytes]:
     return document, data
 
 
+DECODER = "urn:iteragpu-lab:schema:decoder-measurement:"
+
+
 def configuration_text(configuration: dict) -> str:
+    if "shape" in configuration:  # a decoder's: its model, then what it generates
+        shape = configuration["shape"]
+        model = configuration["preset"] or (
+            f"decoder of {shape['layers']} layers, width {shape['width']}, {shape['heads']}/"
+            f"{shape['kv_heads']} heads, vocab {shape['vocab']}"
+        )
+        keys = ("batch", "prompt", "new_tokens", "dtype")
+        return f"{model}, " + ", ".join(f"{k} {configuration[k]}" for k in keys)
     keys = ("batch", "context", "width", "dtype")
     return ", ".join(f"{k} {configuration[k]}" for k in keys if k in configuration)
 
@@ -111,15 +123,39 @@ def need_of(source: Path) -> Need:
     raise cli.UsageError(f"{source}: neither a run folder, a sweep folder nor a prediction file")
 
 
+def decoder_prediction_need(document: dict, name: str) -> Need:
+    """`decoder.py estimate --json`: the mirror's counters, and what it says it left out."""
+    prediction = document["prediction"]
+    calibration = prediction["calibration"]
+    notes = [
+        f"calibration {calibration['file']} ({calibration['gpu']}, torch {calibration['torch']})"
+        if calibration
+        else "no calibration: the kernels' own blocks (cuBLAS workspaces, attention buffers) "
+        "are left out"
+    ]
+    notes += [f"not predicted: {gap['what']}: {gap['why']}" for gap in prediction["not_predicted"]]
+    return Need(
+        peak_reserved_bytes=document["summary"]["largest_peak_reserved_bytes"],
+        basis="prediction",
+        source=name,
+        what=configuration_text(document["configuration"]),
+        gpu_name=None,
+        notes=tuple(notes),
+    )
+
+
 def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
     document = read_json(path) if document is None else document
-    if not str(document.get("schema", "")).startswith("urn:iteragpu-lab:schema:measurement:"):
+    schema = str(document.get("schema", ""))
+    if schema.startswith(DECODER) and document.get("status") == "predicted":
+        return decoder_prediction_need(document, name)
+    if not schema.startswith(("urn:iteragpu-lab:schema:measurement:", DECODER)):
         raise cli.UsageError(f"{path}: not a measurement (schema {document.get('schema')!r})")
     if document["status"] != "completed":
         raise cli.UsageError(
             f"{path}: the run ended {document['status']}: its peak is what the GPU held when it "
             "stopped, not what the configuration needs; fit a prediction instead "
-            "(mesure_memoire.py estimate --phases --json)"
+            "(mesure_memoire.py estimate --phases --json, decoder.py estimate --json)"
         )
     return Need(
         peak_reserved_bytes=document["summary"]["largest_peak_reserved_bytes"],
@@ -221,6 +257,11 @@ def measured_memory(name: str, records: list[Record]) -> Memory:
     )
 
 
+def memory_name(name: str | None) -> str | None:
+    """The catalogue model of a GPU name PyTorch gives, where known."""
+    return DEVICE_NAMES.get(name or "")
+
+
 def catalogue_memory(catalogue: dict, records: list[Record]) -> dict[str, Memory]:
     """Memory per catalogue model: measured where runs name it, else the vendor figure."""
     names = {catalogue["tariffs"][gpu, 3]["name"]: gpu for gpu in catalogue["models"]}
@@ -286,6 +327,8 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
     return {
         "peak_reserved_bytes": need.peak_reserved_bytes,
         "peak_basis": need.basis,
+        # the one model on which the answer is a measurement; on every other, a prediction
+        "peak_measured_on_model": memory_name(need.gpu_name) if need.basis == "measured" else None,
         "source": need.source,
         "configuration": need.what,
         "measured_on": need.gpu_name,

@@ -1,4 +1,4 @@
-"""Fresh processes for the kit script's commands, forked from a server that imported torch.
+"""Fresh processes for the measuring scripts' commands, forked from a server that imported torch.
 
 What it guarantees:
 - this process never imports torch; the fork server imports it and never touches CUDA, and
@@ -8,12 +8,15 @@ What it guarantees:
 - every child is waited for, and a child whose parent stops before saying "measure"
   measures nothing.
 Without fork (or with fork=False) each command is a fresh interpreter; the environment
-record of every measurement says which way its process started.
+record of every measurement says which way its process started. A command is one of the
+kit script `mesure_memoire.py` (the seed network, the default) or `decoder.py` (the decoder
+workload): both are standard library until they measure, so the parent imports either.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import multiprocessing
 import os
 import subprocess
@@ -26,6 +29,7 @@ import mesure_memoire
 
 PIPELINE = Path(__file__).resolve().parent
 SCRIPT = PIPELINE / "mesure_memoire.py"
+SCRIPTS = ("mesure_memoire.py", "decoder.py")  # what a child may run: main(argv, process_start)
 FORKED = "forked from a server that had imported torch and never initialised CUDA"
 FRESH = mesure_memoire.FRESH_INTERPRETER
 HOLD_SECONDS = 5  # a child that has reported waits this long at most to be let go
@@ -49,7 +53,7 @@ class Child(Protocol):
 # ---------------------------------------------------------------- in the forked child
 
 
-def _forked_child(argv: list[str], parent) -> None:
+def _forked_child(argv: list[str], parent, script: str = SCRIPT.name) -> None:
     """The child's side of the hand-over, in the order it happens. It says READY, starts the
     CUDA driver (a context would hold GPU memory) and waits for MEASURE; it runs the kit
     script, sends the exit code once the files are written, then holds its exit (the CUDA
@@ -68,7 +72,8 @@ def _forked_child(argv: list[str], parent) -> None:
         told = None
     if told != MEASURE:  # the parent stopped first
         raise SystemExit(130)
-    code = mesure_memoire.main(argv, process_start=FORKED)
+    main = importlib.import_module(Path(script).stem).main  # imported by the server already
+    code = main(argv, process_start=FORKED)
     with contextlib.suppress(OSError, KeyboardInterrupt):  # a parent gone: the status says it
         parent.send(code)
         parent.poll(HOLD_SECONDS)
@@ -109,7 +114,7 @@ def _start_server(context) -> None:
 
 
 class Launcher:
-    """Starts `mesure_memoire.py` commands in fresh processes, forked when possible."""
+    """Starts commands of SCRIPTS in fresh processes, forked when possible."""
 
     def __init__(self, fork: bool = True) -> None:
         self.context = None
@@ -118,15 +123,19 @@ class Launcher:
             _start_server(self.context)
         self.mode = FORKED if self.context else FRESH
 
-    def start(self, argv: list[str], after: Child | None = None) -> Child:
-        """Start one command; with `after` (an earlier child that has reported), returns once
-        that one has exited, the new one having been forked first."""
+    def start(
+        self, argv: list[str], after: Child | None = None, script: str = SCRIPT.name
+    ) -> Child:
+        """Start one command of `script`; with `after` (an earlier child that has reported),
+        returns once that one has exited, the new one having been forked first."""
+        if script not in SCRIPTS:
+            raise ValueError(f"the launcher runs {' or '.join(SCRIPTS)}, not {script}")
         if self.context is None:
             if after is not None:
                 after.wait()
-            return _Fresh(subprocess.Popen([sys.executable, str(SCRIPT), *argv]))
+            return _Fresh(subprocess.Popen([sys.executable, str(PIPELINE / script), *argv]))
         connection, child_end = self.context.Pipe()
-        process = self.context.Process(target=_forked_child, args=(list(argv), child_end))
+        process = self.context.Process(target=_forked_child, args=(list(argv), child_end, script))
         try:
             process.start()
         except (EOFError, ConnectionError):  # the server died: import torch raised, not ImportError
@@ -148,8 +157,8 @@ class Launcher:
             raise
         return _Forked(process, connection)
 
-    def run(self, argv: list[str]) -> int:
-        return self.start(argv).wait()
+    def run(self, argv: list[str], script: str = SCRIPT.name) -> int:
+        return self.start(argv, script=script).wait()
 
     def count_gpus(self) -> int | None:
         """GPUs PyTorch sees, counted in a child; None when the child could not say."""

@@ -5,7 +5,10 @@
         --threshold-met yes
 
 A run folder <runs>/<id>/ is recorded in <runs>/resultats-bruts.csv. The log is created from
-the header of data/resultats-bruts.csv (the kit's empty grid, which stays empty). A run is
+the header of data/resultats-bruts.csv (the kit's empty grid, which stays empty). A decoder
+run (decoder.py measure) is recorded in <runs>/resultats-decoder.csv instead, whose header is
+the kit's followed by the decoder's columns (validate.DECODER_COLUMNS): a log written before
+keeps its bytes and stays valid, and merge.py unites logs of both headers. A run is
 recorded only if its files pass validate.py's checks (imported: the same rules, no extra
 interpreter), and once: neither its run id nor its measurement (the same measurement.json
 under another folder name) may be in the log already. The quality columns stay empty unless
@@ -42,6 +45,8 @@ import run_folders
 import validate
 
 CONFIGURATION = ("batch", "context", "width", "dtype", "warmup", "repeats", "seed")
+DECODER_LOG_NAME = "resultats-decoder.csv"
+SHAPE = ("layers", "heads", "kv_heads", "head_dim", "ffn", "vocab")
 
 
 # ---------------------------------------------------------------- the row
@@ -85,6 +90,79 @@ def build_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str)
     return row
 
 
+def text(value) -> str:
+    """A cell: None is empty, a boolean yes or no, a number as JSON writes it."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def build_decoder_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str) -> dict:
+    """The decoder log's columns from a validated decoder measurement.json: the kit's
+    columns where they mean the same (context: the positions the cache holds), the seed
+    network's phase times and repeats empty, then the decoder's own."""
+    environment, configuration = measurement["environment"], measurement["configuration"]
+    summary, shape = measurement["summary"], configuration["shape"]
+    first_rows: dict[str, dict] = {}
+    for phase in measurement["phases"]:
+        first_rows.setdefault(phase["phase"], phase)
+
+    def wall(name: str) -> str:
+        return str(first_rows[name]["wall_time_ns"]) if name in first_rows else ""
+
+    timing = summary["timing"] or {}
+    decode = [row["wall_time_ns"] for row in measurement["phases"] if row["phase"] == "decode"]
+    differences = summary["prediction"]["by_counter"].values()
+    row = {
+        "run_id": run_id,
+        "measured_utc": measurement["created_utc"],
+        "status": measurement["status"],
+        "failed_phase": measurement.get("failure", {}).get("phase", ""),
+        "device": configuration["device"],
+        "gpu_name": environment["gpu"]["name"],
+        "driver_version": environment["driver"]["version"] or "",
+        "python_version": environment["python"]["version"],
+        "torch_version": environment["torch"]["version"],
+        "cuda_build": environment["torch"]["cuda_build"] or "",
+        "hip_build": environment["torch"]["hip_build"] or "",
+        "batch": str(configuration["batch"]),
+        "context": str(configuration["prompt"] + configuration["new_tokens"]),
+        "width": str(shape["width"]),
+        "dtype": configuration["dtype"],
+        "warmup": str(configuration["warmup"]),
+        "repeats": "",
+        "seed": text(configuration["seed"]),
+        "model_load_wall_ns": wall("model_load"),
+        "inputs_wall_ns": "",
+        "cold_forward_wall_ns": "",
+        "warmup_wall_ns": wall("warmup"),
+        "warm_forward_median_wall_ns": "",
+        "warm_forward_median_event_ns": "",
+        "largest_peak_allocated_bytes": str(summary["largest_peak_allocated_bytes"]),
+        "largest_peak_reserved_bytes": str(summary["largest_peak_reserved_bytes"]),
+        "measurement_sha256": hashlib.sha256(data).hexdigest(),
+        "protocol_sha256": protocol_sha256,
+        **dict.fromkeys(validate.QUALITY, ""),
+        "workload": "decoder",
+        "preset": configuration["preset"] or "",
+        **{name: str(shape[name]) for name in SHAPE},
+        "tie_embeddings": text(shape["tie_embeddings"]),
+        "qkv_bias": text(shape["qkv_bias"]),
+        "prompt": str(configuration["prompt"]),
+        "new_tokens": str(configuration["new_tokens"]),
+        "tokens_per_row": str(configuration["tokens_per_row"]),
+        "inputs_and_cache_wall_ns": wall("inputs_and_cache"),
+        "prefill_wall_ns": wall("prefill"),
+        "decode_wall_ns": str(sum(decode)) if decode else "",
+        "prefill_tokens_per_second": text(timing.get("prefill_tokens_per_second")),
+        "decode_tokens_per_second": text(timing.get("decode_tokens_per_second")),
+        "largest_abs_difference_bytes": str(max(differences)),
+    }
+    return row
+
+
 def csv_line(cells) -> bytes:
     """One CSV record, encoded: what a single write() appends."""
     buffer = io.StringIO()
@@ -103,13 +181,14 @@ def read_all(fd: int) -> bytes:
 
 
 def append_row(log: Path, row: dict, registry, protocol: validate.Protocol) -> int:
-    """Append `row` to the log (created from the kit header if new); returns its line number.
-    Refuses what validate.append_refusal refuses: a duplicate, a log validate.py rejects."""
-    header = validate.kit_header()
+    """Append `row` to the log (created from the kit header if new, the decoder log's for a
+    decoder row); returns its line number. Refuses what validate.append_refusal refuses: a
+    duplicate, a log validate.py rejects, a decoder row in a log without the decoder columns."""
+    decoder_row = row.get("workload") == "decoder"
     if not os.path.lexists(log):
+        header = validate.decoder_header() if decoder_row else validate.kit_header()
         with contextlib.suppress(FileExistsError):  # another process won the race: keep theirs
             cli.write_new(log, csv_line(header))
-    line = csv_line(row[column] for column in header)
     fd = os.open(log, os.O_RDWR | os.O_APPEND)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
@@ -117,6 +196,8 @@ def append_row(log: Path, row: dict, registry, protocol: validate.Protocol) -> i
         refusal = validate.append_refusal(existing, row, registry, protocol)
         if refusal:
             raise cli.UsageError(f"{log}: {refusal}; nothing appended")
+        header = validate.log_header(existing)
+        line = csv_line(validate.as_header(row, header).values())
         written = os.write(fd, line)
         if written != len(line):  # a full disk: take the partial line back while we hold the lock
             os.ftruncate(fd, len(existing))
@@ -148,7 +229,11 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
         print("\n".join(errors), file=sys.stderr)
         print(f"record.py: {folder} does not validate: nothing appended", file=sys.stderr)
         return cli.INVALID
-    row = build_row(folder.name, measurement.data, measurement.document, protocol.sha256)
+    decoder_run = measurement.document["schema"] == validate.DECODER
+    if decoder_run and measurement.document["status"] == "predicted":
+        raise cli.UsageError(f"{path}: a prediction (decoder.py estimate), not a measurement")
+    build = build_decoder_row if decoder_run else build_row
+    row = build(folder.name, measurement.data, measurement.document, protocol.sha256)
     row.update(quality)
     errors = validate.schema_errors(row, validate.RESULTS_ROW, registry)
     if errors:
@@ -157,7 +242,7 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
     refusals = validate.quality_errors(row, protocol)
     if refusals:
         raise cli.UsageError(f"quality values refused: {'; '.join(refusals)}")
-    log = folder.parent / run_folders.LOG_NAME
+    log = folder.parent / (DECODER_LOG_NAME if decoder_run else run_folders.LOG_NAME)
     line = append_row(log, row, registry, protocol)
     print(f"{folder}: recorded in {log}, line {line}")
     return cli.OK

@@ -46,6 +46,7 @@ except ImportError as exc:  # the GPU host's Python may lack them: say what to i
     raise SystemExit(2) from None
 
 import cli
+import decoder
 import mesure_memoire
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,13 +55,36 @@ KIT_GRID = ROOT / "data" / "resultats-bruts.csv"  # the kit's empty grid: the lo
 PROTOCOL = ROOT / "data" / "protocole-qualite.md"
 ENVIRONMENT = "urn:iteragpu-lab:schema:environment:v1"
 MEASUREMENTS = ("urn:iteragpu-lab:schema:measurement:v1", "urn:iteragpu-lab:schema:measurement:v2")
+DECODER = decoder.SCHEMA
 RESULTS_ROW = "urn:iteragpu-lab:schema:results-row:v1"
 # A run folder's files: their names promise their kind.
 NAMED_KINDS = {
     "environment.json": ((ENVIRONMENT,), "an environment"),
-    "measurement.json": (MEASUREMENTS, "a measurement"),
+    "measurement.json": ((*MEASUREMENTS, DECODER), "a measurement"),
 }
 QUALITY = ("useful_work", "accepted_results", "threshold_met")
+# The decoder log's header is the kit's, then these, in this order (results-row schema).
+DECODER_COLUMNS = (
+    "workload",
+    "preset",
+    "layers",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn",
+    "vocab",
+    "tie_embeddings",
+    "qkv_bias",
+    "prompt",
+    "new_tokens",
+    "tokens_per_row",
+    "inputs_and_cache_wall_ns",
+    "prefill_wall_ns",
+    "decode_wall_ns",
+    "prefill_tokens_per_second",
+    "decode_tokens_per_second",
+    "largest_abs_difference_bytes",
+)
 # What a walk meets besides artefacts and logs, and why it is not validated.
 SKIPPED_SUFFIXES = {
     ".png": "a picture, drawn from the artefacts beside it: no schema",
@@ -255,6 +279,112 @@ def prediction_facts(document: dict) -> list[str]:
     return errors
 
 
+def decoder_plan(run: dict) -> list[tuple[str, int | None, int, int, int]]:
+    """(phase, repetition, tokens, passes, first position) of every row decoder.py writes."""
+    plan = [("model_load", None, 0, 0, 0), ("inputs_and_cache", None, 0, 0, 0)]
+    for phase, repetition, first, count in decoder.row_plan(run):
+        passes = 1 if phase == "prefill" else count
+        plan.append((phase, repetition, count, passes, decoder.first_position(run, phase, first)))
+    return plan
+
+
+def decoder_facts(document: dict) -> list[str]:
+    """What a decoder file's rows, plan and summary imply together: counters consistent in
+    every row (measured and predicted), the rows in the plan's order (an out-of-memory run a
+    prefix of it, stopped at the next planned row), the cache's size from the configuration,
+    and a summary that says what the rows say."""
+    errors = []
+    phases, configuration = document["phases"], document["configuration"]
+    predicted_only = document["status"] == "predicted"
+    for i, row in enumerate(phases):
+        if not predicted_only:
+            errors += _counter_facts(f"$.phases[{i}]", row)
+            if row["harness_overhead_ns"] != row["wall_time_ns"] - row["event_time_ns"]:
+                errors.append(
+                    f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns"
+                )
+        errors += _counter_facts(f"$.phases[{i}].predicted", row["predicted"])
+    plan = decoder_plan(configuration)
+    rows = [
+        (r["phase"], r.get("repetition"), r["tokens"], r["passes"], r["first_position"])
+        for r in phases
+    ]
+    if document["status"] == "out_of_memory":
+        failure = document["failure"]
+        errors += _counter_facts(
+            "$.failure.counters_after_failure", failure["counters_after_failure"]
+        )
+        if len(rows) >= len(plan) or rows != plan[: len(rows)]:
+            errors.append("$.phases: rows of an out-of-memory run must be a prefix of the plan")
+        elif (failure["phase"], failure["repetition"]) != plan[len(rows)][:2]:
+            errors.append(
+                f"$.failure: {failure['phase']!r} repetition {failure['repetition']}, but the "
+                f"next planned row is {plan[len(rows)][0]!r} repetition {plan[len(rows)][1]}"
+            )
+    elif rows != plan:
+        first = next((i for i, (a, b) in enumerate(zip(rows, plan, strict=False)) if a != b), None)
+        where = (
+            f"row {first} is {rows[first]}, the plan's {plan[first]}" if first is not None else ""
+        )
+        errors.append(
+            f"$.phases: {len(rows)} rows, the plan of prompt {configuration['prompt']}, "
+            f"new_tokens {configuration['new_tokens']}, warmup {configuration['warmup']}, "
+            f"tokens_per_row {configuration['tokens_per_row']} has {len(plan)}"
+            + (f" ({where})" if where else "")
+        )
+    cache = document["cache"]
+    positions = configuration["prompt"] + configuration["new_tokens"]
+    if cache["positions"] != positions:
+        errors.append(
+            f"$.cache.positions: {cache['positions']}, not prompt + new_tokens {positions}"
+        )
+    if cache["bytes"] != cache["tensors"] * cache["bytes_per_tensor"]:
+        errors.append("$.cache.bytes: not tensors x bytes_per_tensor")
+    if cache["tensors"] != 2 * configuration["shape"]["layers"]:
+        errors.append("$.cache.tensors: not one K and one V tensor per layer")
+    summary = document["summary"]
+    source = [row["predicted"] for row in phases] if predicted_only else phases
+    expected = {
+        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in source), default=0),
+        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in source), default=0),
+        ("phases" if predicted_only else "phases_completed"): len(phases),
+    }
+    errors += [
+        f"$.summary.{key}: {summary[key]}, but the rows give {value}"
+        for key, value in expected.items()
+        if summary[key] != value
+    ]
+    if not predicted_only:
+        errors += decoder_prediction_facts(summary["prediction"], phases)
+        gpu = document["environment"]["gpu"]
+        if not gpu["available"]:
+            errors.append("$.environment.gpu.available: a measurement needs the GPU it measured")
+        elif configuration["device"] != f"cuda:{gpu['index']}":
+            errors.append(f"$.environment.gpu.index: {gpu['index']}, not {configuration['device']}")
+    return errors
+
+
+def decoder_prediction_facts(prediction: dict, phases: list[dict]) -> list[str]:
+    """summary.prediction: the largest |measured - predicted| per counter, from the rows."""
+    errors = []
+    by_counter = {
+        key: max((abs(row[key] - row["predicted"][key]) for row in phases), default=0)
+        for key in mesure_memoire.COUNTER_KEYS
+    }
+    for key, value in by_counter.items():
+        if prediction["by_counter"][key] != value:
+            errors.append(
+                f"$.summary.prediction.by_counter.{key}: {prediction['by_counter'][key]}, "
+                f"the rows give {value}"
+            )
+    for kind in ("allocated", "reserved"):
+        key = f"largest_abs_difference_{kind}_bytes"
+        value = max(v for k, v in by_counter.items() if kind in k)
+        if prediction[key] != value:
+            errors.append(f"$.summary.prediction.{key}: {prediction[key]}, the rows give {value}")
+    return errors
+
+
 def validate_document(document, registry: Registry) -> list[str]:
     """Schema errors first (with paths); facts only once the shape is known to be right."""
     if not isinstance(document, dict) or not isinstance(document.get("schema"), str):
@@ -263,6 +393,8 @@ def validate_document(document, registry: Registry) -> list[str]:
         return [f"$.schema: unknown artefact schema {document['schema']!r}"]
     try:
         errors = schema_errors(document, document["schema"], registry)
+        if not errors and document["schema"] == DECODER:
+            return decoder_facts(document)
         if errors or document["schema"] not in MEASUREMENTS:
             return errors
         return measurement_facts(document) + prediction_facts(document)
@@ -530,9 +662,30 @@ def row_errors(row: dict[str, str], registry: Registry, protocol: Protocol, scre
 
 @functools.cache
 def kit_header(grid: Path = KIT_GRID) -> tuple[str, ...]:
-    """The columns of every results log: the header of the kit's empty grid."""
+    """The columns of the seed network's results log: the header of the kit's empty grid."""
     with grid.open(newline="", encoding="utf-8") as handle:
         return tuple(next(csv.reader(handle)))
+
+
+def decoder_header() -> tuple[str, ...]:
+    """The columns of the decoder log: the kit's, then the decoder's. A log with the kit's
+    header (every log written before the decoder) stays a valid log as it is."""
+    return kit_header() + DECODER_COLUMNS
+
+
+def log_header(data: bytes) -> tuple[str, ...]:
+    """The header a log's first line claims: the decoder log's when it is exactly that,
+    else the kit's (log_records then says the line is not it)."""
+    first = data[: data.find(b"\n") + 1 or len(data)].rstrip(b"\r\n")
+    return decoder_header() if first == ",".join(decoder_header()).encode() else kit_header()
+
+
+def as_header(row: dict, header: tuple[str, ...]) -> dict:
+    """A row with the columns of `header`: a seed-network row in the decoder log gets
+    workload "network" and empty decoder cells."""
+    if header == kit_header():
+        return {column: row[column] for column in header}
+    return {column: row.get(column, "network" if column == "workload" else "") for column in header}
 
 
 def log_records(data: bytes, header: tuple[str, ...]) -> Iterator[tuple[int, dict | None, str]]:
@@ -553,7 +706,7 @@ def log_records(data: bytes, header: tuple[str, ...]) -> Iterator[tuple[int, dic
     try:
         first = next(reader, None)
         if first is None or tuple(first) != header:
-            yield 1, None, f"line 1: not the header of {KIT_GRID.name}"
+            yield 1, None, f"line 1: not the header of {KIT_GRID.name} (nor the decoder log's)"
             return
         for cells in reader:
             if len(cells) != len(header):
@@ -588,7 +741,7 @@ def check_log(
     rows, errors = [], []
     run_lines: dict[str, int] = {}
     measurement_lines: dict[str, int] = {}
-    for line, row, error in log_records(data, kit_header()):
+    for line, row, error in log_records(data, log_header(data)):
         if row is None:
             errors.append(error)
             continue
@@ -623,7 +776,12 @@ def append_refusal(data: bytes, row: dict, registry: Registry, protocol: Protoco
     contents as validate checks a row, and that neither `row`'s run id nor its measurement is
     there already. A log that is not plain (a quoted cell, a control character, a byte
     outside printable ASCII) is checked row by row, as validate.py checks it."""
-    header = kit_header()
+    header = log_header(data)
+    if row.get("workload") == "decoder" and header == kit_header() and data:
+        return (
+            f"line 1: the header of {KIT_GRID.name}, without the decoder columns: a decoder "
+            "row goes to a decoder log"
+        )
     if data and not data.endswith(b"\n"):
         return "$: the last line has no line end (a torn append, or an edit by hand)"
     separators = data.translate(None, PLAIN_TEXT)  # one pass over the log: its commas
@@ -633,7 +791,7 @@ def append_refusal(data: bytes, row: dict, registry: Registry, protocol: Protoco
     if not plain:
         return _refusal_row_by_row(data, row, registry, protocol)
     if data[: data.find(b"\n")].decode("ascii").split(",") != list(header):
-        return f"line 1: not the header of {KIT_GRID.name}"
+        return f"line 1: not the header of {KIT_GRID.name} (nor the decoder log's)"
     if separators != shape * lines:
         records = data.split(b"\n")
         i = next(i for i, r in enumerate(records) if r.count(b",") != len(header) - 1)
@@ -672,7 +830,7 @@ def _refusal_row_by_row(data: bytes, row: dict, registry: Registry, protocol: Pr
     errors = log_errors(data, registry, protocol)
     if errors:
         return errors[0]
-    for line, old, _ in log_records(data, kit_header()):
+    for line, old, _ in log_records(data, log_header(data)):
         if old["run_id"] == row["run_id"]:
             return (
                 f"$.run_id: {row['run_id']} is already recorded, at line {line}: "

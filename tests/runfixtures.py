@@ -80,3 +80,74 @@ def write_protocol(path: Path, front_matter: str = DECIDED) -> Path:
     body = validate.PROTOCOL.read_text(encoding="utf-8").split("\n---\n", 1)[1]
     path.write_text(front_matter + body, encoding="utf-8")
     return path
+
+
+# ---------------------------------------------------------------- decoder runs, synthesised
+
+# What a decoder measurement would say if the GPU did exactly as predicted: decoder.py's own
+# document built from its mirror, with fixed clocks. No decoder run from a GPU is committed
+# yet; these stand in for one in the stage tests (the GPU tests measure real ones).
+H200_USABLE_BYTES = 150109880320 - 718077952  # total - CUDA context, the committed H200 runs
+
+
+def decoder_measurement(flags: list[str], memory_bytes: int | None = H200_USABLE_BYTES) -> dict:
+    """The decoder measurement.json `decoder.py measure --device cuda:0 FLAGS` would write on
+    the H200 of tests/data/h200/env.json, each row measured as predicted; a row whose
+    predicted peak reserved exceeds memory_bytes runs out of memory, as the GPU would."""
+    import decoder
+
+    args = decoder.build_parser().parse_args(
+        ["measure", "--device", "cuda:0", *flags, "--output", "unused"]
+    )
+    shape, preset = decoder.shape_from_args(args)
+    run = decoder.run_configuration(args)
+    environment = json.loads((H200 / "env.json").read_bytes())["environment"]
+    document = decoder.new_measurement(shape, preset, run, "cuda:0", args.seed, environment)
+    document["created_utc"] = "2026-12-04T10:00:00Z"
+    rows, mirror = decoder.predict(shape, run, args.calibration)
+    status = "completed"
+    for i, predicted in enumerate(rows):
+        if memory_bytes is not None and predicted["peak_reserved_bytes"] > memory_bytes:
+            status = "out_of_memory"
+            document["failure"] = {
+                "phase": predicted["phase"],
+                "repetition": predicted.get("repetition"),
+                "error": "CUDA out of memory. Tried to allocate more than the GPU holds",
+                "counters_after_failure": {  # what the phase started with, kept
+                    key: predicted[
+                        f"baseline_{'allocated' if 'allocated' in key else 'reserved'}_bytes"
+                    ]
+                    for key in decoder.COUNTER_KEYS
+                },
+            }
+            break
+        document["phases"].append(
+            {**predicted, "wall_time_ns": 2_000_000 + 1000 * i, "event_time_ns": 1_900_000 + i}
+        )
+    document["status"] = status
+    if status == "completed":
+        document["measured_attention_backend"] = {
+            kind: mirror.backends.get(kind, "math") for kind in ("prefill", "decode")
+        }
+    decoder.add_predictions(document, shape, run, args.calibration)
+    document["summary"] = decoder.summarise(document)
+    return document
+
+
+def decoder_bytes(flags: list[str], memory_bytes: int | None = H200_USABLE_BYTES) -> bytes:
+    return (json.dumps(decoder_measurement(flags, memory_bytes), indent=2) + "\n").encode()
+
+
+TINY_DECODER = ["--layers", "2", "--width", "64", "--heads", "4", "--kv-heads", "2"]
+TINY_DECODER += ["--ffn", "160", "--vocab", "1000", "--batch", "2", "--prompt", "16"]
+TINY_DECODER += ["--new-tokens", "4"]
+
+
+def make_decoder_run(runs_dir: Path, n: int = 0, flags=TINY_DECODER, memory_bytes=None) -> Path:
+    """runs_dir/<run id>/ holding a synthesised decoder measurement and the real environment."""
+    runs_dir.mkdir(exist_ok=True)
+    folder = runs_dir / run_id(n)
+    folder.mkdir()
+    (folder / "measurement.json").write_bytes(decoder_bytes(list(flags), memory_bytes))
+    shutil.copyfile(H200 / "env.json", folder / "environment.json")
+    return folder

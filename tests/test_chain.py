@@ -355,3 +355,131 @@ def test_on_a_gpu_device_all_gives_one_row_per_gpu(tmp_path):
         environment = json.loads((folder / "environment.json").read_bytes())["environment"]
         assert environment["process_start"].startswith("forked from a server")
     assert run_script("validate.py", str(tmp_path / run_folders.LOG_NAME)).returncode == 0
+
+
+# ------------------------------------------------------------------ the decoder workload
+
+
+def replay_decoder(monkeypatch, memory_bytes=None):
+    """decoder.py's measurement replaced by a synthesised one (each row as predicted), from
+    the very flags the chain hands the decoder's measuring script."""
+    scripts = []
+
+    def run_steps(runner, commands, script="mesure_memoire.py"):
+        scripts.append(script)
+        for _command, *argv in commands:
+            environment = argv[argv.index("--environment-output") + 1]
+            shutil.copyfile(runfixtures.H200 / "env.json", environment)
+            output = Path(argv[argv.index("--output") + 1])
+            flags = argv[argv.index("cuda:0") + 1 : argv.index("--environment-output")]
+            data = runfixtures.decoder_bytes(flags, memory_bytes)
+            output.write_bytes(data)
+        return [3 if b'"out_of_memory"' in data else 0] * len(commands)
+
+    monkeypatch.setattr(chain, "run_steps", run_steps)
+    return scripts
+
+
+@pytest.mark.parametrize(("memory_bytes", "code"), [(None, 0), (1_000_000, 3)])
+def test_a_decoder_chain_runs_decoder_py_and_records_a_decoder_row(
+    tmp_path, monkeypatch, memory_bytes, code
+):
+    scripts = replay_decoder(monkeypatch, memory_bytes)
+    argv = ["--device", "cuda:0", "--workload", "decoder", *runfixtures.TINY_DECODER]
+    assert chain.main([*argv, "--runs-dir", str(tmp_path)]) == code
+    assert scripts == ["decoder.py"]
+    [folder] = folders(tmp_path)
+    assert not (tmp_path / run_folders.LOG_NAME).exists()  # the seed network's log: untouched
+    data = (tmp_path / "resultats-decoder.csv").read_bytes()
+    parsed, problems = validate.parse_log(data, validate.decoder_header())
+    assert problems == []
+    [(_, row)] = parsed
+    assert row["run_id"] == folder.name
+    assert (row["workload"], row["layers"], row["prompt"], row["new_tokens"]) == (
+        "decoder",
+        "2",
+        "16",
+        "4",
+    )
+    assert row["context"] == "20"  # the positions the cache holds: prompt + new tokens
+    assert row["status"] == ("completed" if code == 0 else "out_of_memory")
+
+
+def test_the_network_chain_still_runs_the_kit_script(tmp_path, monkeypatch):
+    seen = []
+
+    def run_steps(runner, commands, script="mesure_memoire.py"):
+        seen.append(script)
+        return [2]
+
+    monkeypatch.setattr(chain, "run_steps", run_steps)
+    assert chain.main(["--device", "cuda:0", "--runs-dir", str(tmp_path)]) == 2
+    assert seen == ["mesure_memoire.py"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch", "8"], "give --preset NAME or all of the shape options: missing --layers"),
+        (["--preset", "llama-3.1-8b", "--layers", "2"], "takes no shape options (--layers)"),
+        (["--preset", "gpt-5"], "argument --preset: invalid choice: 'gpt-5'"),
+        (["--preset", "llama-3.2-1b", "--new-tokens", "1"], "needs --new-tokens >= 2"),
+        (["--preset", "llama-3.2-1b", "--context", "128"], "unrecognized arguments: --context"),
+        (
+            [
+                *("--layers", "1", "--width", "64", "--heads", "3", "--kv-heads", "2"),
+                *("--ffn", "8", "--vocab", "10", "--head-dim", "8"),
+            ],
+            "--heads 3 is not a multiple of --kv-heads 2",
+        ),
+        (["--preset", "llama-3.2-1b", "--output", "x.json"], "the chain names its outputs"),
+    ],
+    ids=["no-shape", "preset-and-shape", "preset", "new-tokens", "network-flag", "gqa", "output"],
+)
+def test_bad_decoder_flags_stop_before_a_run_folder_exists(tmp_path, flags, message):
+    argv = ["--device", "cuda:0", "--workload", "decoder", *flags, "--runs-dir", str(tmp_path)]
+    result = run_script("chain.py", *argv)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("chain.py: error: ")
+    assert message in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_decoder_flags_are_refused_for_the_network_workload(tmp_path):
+    result = run_script(
+        "chain.py", "--device", "cuda:0", "--prompt", "8", "--runs-dir", str(tmp_path)
+    )
+    assert result.returncode == 2
+    assert "unrecognized arguments: --prompt 8" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_decoder_chain_records_one_decoder_row(tmp_path):
+    argv = ["--device", "cuda:0", "--workload", "decoder", *runfixtures.TINY_DECODER]
+    result = run_script("chain.py", *argv, "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [folder] = folders(tmp_path)
+    assert run_script("validate.py", str(tmp_path)).returncode == 0
+    measurement = json.loads((folder / "measurement.json").read_bytes())
+    assert measurement["schema"] == "urn:iteragpu-lab:schema:decoder-measurement:v1"
+    assert measurement["environment"]["process_start"] == "fresh interpreter"
+    parsed, problems = validate.parse_log(
+        (tmp_path / "resultats-decoder.csv").read_bytes(), validate.decoder_header()
+    )
+    assert problems == []
+    [(_, row)] = parsed
+    assert row["largest_peak_reserved_bytes"] == str(
+        measurement["summary"]["largest_peak_reserved_bytes"]
+    )
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_an_8b_decoder_chain_at_batch_8_and_prompt_2048(tmp_path):
+    """The issue's own command: the 8B-class preset, batch 8, prompt 2048, 128 new tokens."""
+    argv = ["--device", "cuda:0", "--workload", "decoder", "--preset", "llama-3.1-8b"]
+    argv += ["--batch", "8", "--prompt", "2048", "--new-tokens", "128", "--dtype", "bfloat16"]
+    result = run_script("chain.py", *argv, "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert run_script("validate.py", str(tmp_path)).returncode == 0

@@ -324,3 +324,64 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
     assert process.stderr.read() == b""
     assert process.wait(timeout=120) == 1
     process.stderr.close()
+
+
+# ---------------------------------------------------------------- the decoder workload
+
+
+def test_a_decoder_run_is_fitted_from_its_measured_peak(tmp_path):
+    import runfixtures
+
+    folder = runfixtures.make_decoder_run(tmp_path / "runs", 1)
+    result = run_script(
+        "fit.py", str(folder), "--days", "7", "--json", "--runs-dir", str(tmp_path / "runs")
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["peak_reserved_bytes"] == 2097152
+    assert answer["peak_basis"] == "measured"
+    assert answer["configuration"] == (
+        "decoder of 2 layers, width 64, 4/2 heads, vocab 1000, batch 2, prompt 16, "
+        "new_tokens 4, dtype bfloat16"
+    )
+    assert answer["peak_measured_on_model"] == "h200"  # on every other model: a prediction
+
+
+def test_a_decoder_prediction_says_it_is_one_and_when_nothing_fits(tmp_path):
+    estimate = run_script(
+        "decoder.py",
+        "estimate",
+        "--preset",
+        "llama-3.1-8b",
+        "--batch",
+        "256",
+        "--prompt",
+        "8192",
+        "--new-tokens",
+        "2",
+        "--json",
+    )
+    assert estimate.returncode == 0, estimate.stderr
+    prediction = tmp_path / "prediction.json"
+    prediction.write_text(estimate.stdout)
+    result = run_script("fit.py", str(prediction), "--days", "3", "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    answer = run_script(
+        "fit.py", str(prediction), "--days", "3", "--json", "--runs-dir", str(tmp_path)
+    )
+    assert json.loads(answer.stdout)["peak_measured_on_model"] is None
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("peak reserved ")
+    assert "bytes, prediction): prediction.json, llama-3.1-8b, batch 256, prompt 8192" in first
+    assert "  note: no calibration: the kernels' own blocks" in result.stdout
+    assert "GiB on one GPU (the most for PyTorch: " in result.stdout
+    assert "several GPUs sharing one peak is not modelled." in result.stdout
+
+
+def test_an_out_of_memory_decoder_run_is_refused(tmp_path):
+    import runfixtures
+
+    folder = runfixtures.make_decoder_run(tmp_path, 1, memory_bytes=1_000_000)
+    result = run_script("fit.py", str(folder), "--days", "7", "--runs-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "the run ended out_of_memory: its peak is what the GPU held" in result.stderr
