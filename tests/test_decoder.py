@@ -14,9 +14,9 @@ import math
 import sys
 import types
 import weakref
+from pathlib import Path
 
 import decoder
-import mesure_memoire
 import pytest
 import torch
 import validate
@@ -529,7 +529,9 @@ def test_a_measured_document_is_assembled_and_validates_without_a_gpu():
     shim = types.SimpleNamespace(cuda=cuda, inference_mode=torch.inference_mode)
     shim.float32 = torch.float32
     run = run_of(batch=2, prompt=3, new_tokens=5, dtype="float32", tokens_per_row=2)
-    environment = mesure_memoire.collect_environment(0, "cuda:0")
+    # An H200's real environment record: a measured decoder file must name the GPU it ran on.
+    h200 = Path(__file__).resolve().parent / "data" / "h200" / "env.json"
+    environment = json.loads(h200.read_text())["environment"]
     document = decoder.new_measurement(TINY, None, run, "cuda:0", 0, environment)
     state = decoder.measure_rows(shim, TINY, run, 0, "cpu", document["phases"])
     import decoder_model
