@@ -840,3 +840,20 @@ def test_a_failing_trace_leaves_the_measurement_standing(capsys, tmp_path, monke
         document["prediction"]["reason"] == "the trace itself failed (RuntimeError): not predicted"
     )
     assert [row["predicted"] for row in document["phases"]] == [None] * 6
+
+
+def test_validate_applies_the_own_model_facts(capsys, tmp_path):
+    """`validate` checks an own-model file's facts, not its schema alone: a tampered file the
+    schema accepts is invalid there too."""
+    import validate
+
+    path = workload(tmp_path, MLP_ADAMW)
+    code, output = measure(tmp_path, f"{path}:mlp")
+    assert code == 0, capsys.readouterr().err
+    document = json.loads(output.read_text())
+    registry = validate.load_registry()
+    assert validate.validate_document(document, registry) == []
+    document["summary"]["prediction"]["held"] = True
+    assert validate.validate_document(document, registry) == [
+        "$.summary.prediction.held: True, the rows give None"
+    ]
