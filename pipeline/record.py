@@ -57,14 +57,10 @@ def median_text(value: float | None) -> str:
     return "" if value is None else format(Decimal(value).normalize(), "f")
 
 
-def build_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str) -> dict:
-    """The log's columns from a validated measurement.json (its bytes are hashed as read)."""
+def identity_cells(run_id: str, measurement: dict) -> dict:
+    """The columns both logs open with: which run, when, how it ended, on what."""
     environment, configuration = measurement["environment"], measurement["configuration"]
-    summary = measurement["summary"]
-    first_rows: dict[str, dict] = {}
-    for phase in measurement["phases"]:
-        first_rows.setdefault(phase["phase"], phase)
-    row = {
+    return {
         "run_id": run_id,
         "measured_utc": measurement["created_utc"],
         "status": measurement["status"],
@@ -77,6 +73,16 @@ def build_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str)
         "cuda_build": environment["torch"]["cuda_build"] or "",
         "hip_build": environment["torch"]["hip_build"] or "",
     }
+
+
+def build_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str) -> dict:
+    """The log's columns from a validated measurement.json (its bytes are hashed as read)."""
+    configuration = measurement["configuration"]
+    summary = measurement["summary"]
+    first_rows: dict[str, dict] = {}
+    for phase in measurement["phases"]:
+        first_rows.setdefault(phase["phase"], phase)
+    row = identity_cells(run_id, measurement)
     row.update({name: str(configuration[name]) for name in CONFIGURATION})
     for name in mesure_memoire.FIXED_PHASES:  # a phase an out-of-memory run never reached: ""
         row[f"{name}_wall_ns"] = str(first_rows[name]["wall_time_ns"]) if name in first_rows else ""
@@ -103,7 +109,7 @@ def build_decoder_row(run_id: str, data: bytes, measurement: dict, protocol_sha2
     """The decoder log's columns from a validated decoder measurement.json: the kit's
     columns where they mean the same (context: the positions the cache holds), the seed
     network's phase times and repeats empty, then the decoder's own."""
-    environment, configuration = measurement["environment"], measurement["configuration"]
+    configuration = measurement["configuration"]
     summary, shape = measurement["summary"], configuration["shape"]
     first_rows: dict[str, dict] = {}
     for phase in measurement["phases"]:
@@ -116,17 +122,7 @@ def build_decoder_row(run_id: str, data: bytes, measurement: dict, protocol_sha2
     decode = [row["wall_time_ns"] for row in measurement["phases"] if row["phase"] == "decode"]
     differences = summary["prediction"]["by_counter"].values()
     row = {
-        "run_id": run_id,
-        "measured_utc": measurement["created_utc"],
-        "status": measurement["status"],
-        "failed_phase": measurement.get("failure", {}).get("phase", ""),
-        "device": configuration["device"],
-        "gpu_name": environment["gpu"]["name"],
-        "driver_version": environment["driver"]["version"] or "",
-        "python_version": environment["python"]["version"],
-        "torch_version": environment["torch"]["version"],
-        "cuda_build": environment["torch"]["cuda_build"] or "",
-        "hip_build": environment["torch"]["hip_build"] or "",
+        **identity_cells(run_id, measurement),
         "batch": str(configuration["batch"]),
         "context": str(configuration["prompt"] + configuration["new_tokens"]),
         "width": str(shape["width"]),

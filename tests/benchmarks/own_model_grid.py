@@ -31,14 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipeline"
 WORKLOADS = PIPELINE / "workloads"
-COUNTERS = (
-    "baseline_allocated_bytes",
-    "baseline_reserved_bytes",
-    "allocated_bytes",
-    "reserved_bytes",
-    "peak_allocated_bytes",
-    "peak_reserved_bytes",
-)
+sys.path.insert(0, str(PIPELINE))
+import mesure_memoire  # noqa: E402
+
+COUNTERS = mesure_memoire.COUNTER_KEYS
 EXAMPLES = {
     "resnet": "resnet_cnn.py:resnet",
     "vit": "vit_encoder.py:vit",
