@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import fit
 import pytest
 import runfixtures
 import sweep
@@ -330,3 +331,31 @@ def test_a_decoder_plan_runs_as_its_flags_would(tmp_path):
     _, by_flags, summary2, _ = decoder_sweep(runs2, [*EIGHT_B, *BATCHES, "--max-steps", "2"])
     assert flags == by_flags.started[0][1][5:]
     assert summary["plan"]["base"] == summary2["plan"]["base"]
+
+
+# ---------------------------------------------------------------- fit.py on a decoder sweep
+
+
+def test_fit_prices_a_decoder_sweep_by_its_largest_completed_point(oom_sweep, capsys):
+    summary, path, runs_dir = oom_sweep[2], oom_sweep[3], oom_sweep[4]
+    argv = [str(path.parent), "--days", "7", "--accepted-results", "40", "--json"]
+    assert fit.main([*argv, "--runs-dir", str(runs_dir)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["peak_reserved_bytes"] == summary["points"][5]["peak_reserved_bytes"]
+    assert result["peak_reserved_bytes"] == 130283470848
+    assert result["peak_basis"] == "measured"
+    assert result["measured_on"] == "NVIDIA H200"
+    assert result["configuration"] == (
+        "its largest completed point, batch 256 "
+        "(llama-3.1-8b, prompt 2048, new_tokens 8, dtype bfloat16)"
+    )
+    assert result["notes"][0] == (
+        "the sweep stopped because the GPU ran out of memory at batch 512"
+    )
+    rows = {row["gpu"]: row for row in result["rows"]}
+    # the H200's memory from the sweep's own seven runs; the 96 GB GH200's a vendor figure
+    assert rows["h200"]["memory_basis"] == "measured"
+    assert rows["h200"]["usable_memory_bytes"] == 150109880320 - 552402944 - 165675008
+    assert rows["h200"]["fits"] is True
+    assert rows["gh200"]["memory_basis"] == "vendor figure"
+    assert rows["gh200"]["fits"] is False
