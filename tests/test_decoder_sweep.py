@@ -10,6 +10,7 @@ from pathlib import Path
 
 import fit
 import pytest
+import report
 import runfixtures
 import sweep
 import validate
@@ -359,3 +360,58 @@ def test_fit_prices_a_decoder_sweep_by_its_largest_completed_point(oom_sweep, ca
     assert rows["h200"]["fits"] is True
     assert rows["gh200"]["memory_basis"] == "vendor figure"
     assert rows["gh200"]["fits"] is False
+
+
+# ---------------------------------------------------------------- report.py on a decoder sweep
+
+H200_USABLE = 150109880320 - 552402944 - 165675008  # the sweep's runs, fit.py's rule
+CATALOGUE_LINES = [
+    ("a10, l4, rtx4090", "a10 / l4 / rtx4090: 21.68 GiB (vendor figure)"),
+    ("rtx5090", "rtx5090: 29.13 GiB (vendor figure)"),
+    ("a100-40", "a100-40: 36.58 GiB (vendor figure)"),
+    ("a6000, l40s, rtx6000-ada", "a6000 / l40s / rtx6000-ada: 44.03 GiB (vendor figure)"),
+    ("a100-80, h100", "a100-80 / h100: 73.83 GiB (vendor figure)"),
+    ("gh200", "gh200: 88.73 GiB (vendor figure)"),
+    ("h200", "h200: 139.13 GiB (measured)"),
+    ("b200", "b200: 166.96 GiB (vendor figure)"),
+    ("mi300x", "mi300x: 178.14 GiB (vendor figure)"),
+    ("mi325x", "mi325x: 237.74 GiB (vendor figure)"),
+]
+
+
+def test_a_decoder_sweeps_picture_draws_every_catalogue_models_usable_memory(oom_sweep, tmp_path):
+    path, runs_dir = oom_sweep[3], oom_sweep[4]
+    out = tmp_path / "report"
+    assert report.main([str(path.parent), "--runs-dir", str(runs_dir), "--output", str(out)]) == 0
+    assert (out / f"peaks-{path.parent.name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((out / "report.json").read_text())
+    assert [(line["gpu"], line["label"]) for line in summary["usable_memory_lines"]] == (
+        CATALOGUE_LINES
+    )
+    h200 = [line for line in summary["usable_memory_lines"] if line["gpu"] == "h200"]
+    assert h200[0]["usable_bytes"] == H200_USABLE
+    assert validate.validate_json((out / "report.json").read_bytes(), REGISTRY) == []
+
+
+def test_the_lines_are_labelled_on_the_picture_and_the_out_of_memory_point_apart(oom_sweep):
+    path, runs_dir = oom_sweep[3], oom_sweep[4]
+    source = report.read_source(path.parent)
+    records = fit.evidence(runs_dir, [source.need])
+    lines = report.catalogue_lines(fit.load_catalogue(None), records)
+    figure = report.sweep_picture(source, records, lines)
+    axes = figure.axes[0]
+    texts = [text.get_text() for text in axes.texts]
+    assert [label for _, label in CATALOGUE_LINES] == [t for t in texts if "GiB (" in t]
+    dashed = sorted(
+        round(line.get_ydata()[0], 2)
+        for line in axes.lines
+        if line.get_ls() == "--" and len(line.get_ydata())  # not the legend's sample
+    )
+    assert len(dashed) == len(CATALOGUE_LINES)
+    assert dashed[6] == round(H200_USABLE / 2**30, 2)  # drawn at the height its label says
+    assert "out of memory\nat 512:\n15.08 GiB\nreserved" in texts
+    assert axes.get_ylim()[1] >= 237.74  # the highest line within the picture
+    assert axes.get_title().startswith("Peak memory against batch: NVIDIA H200\n")
+    assert "decoder llama-3.1-8b, prompt 2048, new_tokens 8, dtype bfloat16" in (
+        axes.get_title().replace("\n", " ")
+    )
