@@ -415,3 +415,61 @@ def test_the_lines_are_labelled_on_the_picture_and_the_out_of_memory_point_apart
     assert "decoder llama-3.1-8b, prompt 2048, new_tokens 8, dtype bfloat16" in (
         axes.get_title().replace("\n", " ")
     )
+
+
+# ---------------------------------------------------------------- on a GPU (marked `gpu`)
+
+# One layer, a long prompt: memory grows with batch fast enough that batch x4 runs out of
+# memory within four points on an H200 (predicted peaks 6.6, 24.6, 96.6 then 384.7 GiB).
+OOM_SHAPE = ["--workload", "decoder", "--layers", "1", "--width", "1024", "--heads", "8"]
+OOM_SHAPE += ["--kv-heads", "2", "--ffn", "4096", "--vocab", "131072", "--prompt", "4096"]
+OOM_SHAPE += ["--new-tokens", "2", "--dtype", "bfloat16"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fork", [[], ["--no-fork"]], ids=["forked", "fresh"])
+def test_a_decoder_sweep_on_the_gpu_runs_to_out_of_memory(tmp_path, fork):
+    argv = [*OOM_SHAPE, "--vary", "batch", "--start", "64", "--factor", "4", "--until-oom"]
+    result = run_script("sweep.py", "--device", "cuda:0", *argv, "--runs-dir", str(tmp_path), *fork)
+    assert result.returncode == 0, result.stderr
+    [path] = tmp_path.glob("*-sweep/sweep.json")
+    summary = json.loads(path.read_text())
+    assert validate.validate_json(path.read_bytes(), REGISTRY) == []
+    assert summary["plan"]["workload"] == "decoder"
+    points = summary["points"]
+    batches = [p["configuration"]["batch"] for p in points]
+    assert batches == [64 * 4**k for k in range(len(points))]
+    assert [p["status"] for p in points] == ["completed"] * (len(points) - 1) + ["out_of_memory"]
+    assert summary["stopped_because"] == f"the GPU ran out of memory at batch {batches[-1]}"
+    assert summary["largest_fitted"] == points[-2]
+    assert result.stdout.splitlines()[-1].startswith(
+        f"sweep of batch: {len(points)} points measured, largest that fitted batch "
+        f"{batches[-2]} at "
+    )
+    folders = sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p != path.parent)
+    assert folders == sorted(p["run"] for p in points)
+    for point in points:
+        data = (tmp_path / point["run"] / "measurement.json").read_bytes()
+        assert validate.validate_json(data, REGISTRY) == []
+        assert json.loads(data)["environment"]["process_start"].startswith(
+            "fresh" if fork else "forked"
+        )
+    assert decoder_log_runs(tmp_path) == [p["run"] for p in points]
+    assert validate.main([str(tmp_path / "resultats-decoder.csv")]) == 0
+    assert not (tmp_path / "resultats-bruts.csv").exists()
+    assert not list(tmp_path.glob(".*partial"))
+
+
+@pytest.mark.gpu
+def test_a_decoder_sweep_on_the_gpu_stops_before_the_point_its_mirror_says_does_not_fit(
+    tmp_path,
+):
+    argv = [*OOM_SHAPE, "--vary", "batch", "--start", "64", "--factor", "4"]
+    argv += ["--memory-fraction", "0.5"]
+    result = run_script("sweep.py", "--device", "cuda:0", *argv, "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [path] = tmp_path.glob("*-sweep/sweep.json")
+    summary = json.loads(path.read_text())
+    assert all(p["status"] == "completed" for p in summary["points"])
+    assert summary["stopped_because"].startswith("the next point's predicted peak reserved, ")
+    assert " exceeds 0.5 of the GPU's memory (" in summary["stopped_because"]
