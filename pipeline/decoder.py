@@ -983,6 +983,11 @@ def summarise(document: dict) -> dict:
         },
         "timing": None,
     }
+    # the mirror replays the native allocator with its default settings: anything else is said
+    applicable, because = mesure_memoire.prediction_applicability(document["environment"])
+    summary["prediction"]["applicable"] = applicable
+    if not applicable:
+        summary["prediction"]["not_applicable_because"] = because
     prefill = [r for r in phases if r["phase"] == "prefill"]
     decode = [r for r in phases if r["phase"] == "decode"]
     if not prefill:

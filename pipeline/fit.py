@@ -2,6 +2,7 @@
 
     python3 pipeline/fit.py runs/<run-id>/ --days 7 [--accepted-results 40] [--json]
     python3 pipeline/fit.py runs/<id>-sweep/ --days 30      # its largest completed point
+                                                # (the seed network's or a decoder's)
     python3 pipeline/fit.py prediction.json --days 3        # from estimate --phases --json
     python3 pipeline/fit.py decoder-prediction.json --days 7  # from decoder.py estimate --json
 
@@ -96,8 +97,10 @@ def configuration_text(configuration: dict) -> str:
             f"decoder of {shape['layers']} layers, width {shape['width']}, {shape['heads']}/"
             f"{shape['kv_heads']} heads, vocab {shape['vocab']}"
         )
-        keys = ("batch", "prompt", "new_tokens", "dtype")
-        return f"{model}, " + ", ".join(f"{k} {configuration[k]}" for k in keys)
+        keys = ("batch", "prompt", "new_tokens", "dtype")  # a sweep's point: less the varied one
+        return f"{model}, " + ", ".join(
+            f"{k} {configuration[k]}" for k in keys if k in configuration
+        )
     keys = ("batch", "context", "width", "dtype")
     return ", ".join(f"{k} {configuration[k]}" for k in keys if k in configuration)
 

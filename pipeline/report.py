@@ -3,7 +3,8 @@
     python3 pipeline/report.py runs/<run-id>/ [runs/<id>-sweep/ ...] \
         [--days 7 --accepted-results 40] [--output NEW_DIR]
 
-A run folder gives memory-<run>.png, a sweep folder peaks-<sweep>.png, and --days with
+A run folder gives memory-<run>.png, a sweep folder peaks-<sweep>.png (a decoder sweep's with
+the memory PyTorch can use on one GPU of each catalogue model drawn across it), and --days with
 --accepted-results cost-<days>d-<N>.png: the cost per accepted result of every catalogue model
 whose one GPU holds the largest completed peak, by fit.py's rule. They go into one new folder
 (by default runs/<id>-report/, under $ITERAGPU_RUNS_DIR when it is set), never into a run
@@ -188,9 +189,74 @@ def usable_line(source: Source, records: list[fit.Record]) -> tuple[int, str] | 
     return memory.usable_bytes, label
 
 
-def sweep_picture(source: Source, records: list[fit.Record]):
+def catalogue_lines(catalogue: dict, records: list[fit.Record]) -> list[dict]:
+    """One line per distinct usable memory among the catalogue's models (fit.py's rule:
+    measured where runs exist, else the vendor figure), the models sharing it named together."""
+    memory = fit.catalogue_memory(catalogue, records)
+    by_usable: dict[tuple[int, str], list[str]] = {}
+    for gpu, held in memory.items():
+        by_usable.setdefault((held.usable_bytes, held.basis), []).append(gpu)
+    return [
+        {
+            "gpu": ", ".join(sorted(gpus)),
+            "usable_bytes": usable,
+            "label": f"{' / '.join(sorted(gpus))}: {fit.gib(usable)} GiB ({basis})",
+        }
+        for (usable, basis), gpus in sorted(by_usable.items())
+    ]
+
+
+def draw_catalogue(axes, lines: list[dict], scale: int, top: float) -> float:
+    """The models' usable memory as labelled dashed lines, up to twice the largest peak (the
+    others named in a corner); returns the height the axis must reach to show them."""
+    shown = [line for line in lines if line["usable_bytes"] / scale <= 2 * top]
+    above = [line for line in lines if line not in shown]
+    for line in shown:
+        measured = line["label"].endswith("(measured)")
+        colour = "#b30000" if measured else "#737373"
+        axes.axhline(line["usable_bytes"] / scale, color=colour, linestyle="--", linewidth=0.9)
+        axes.annotate(  # right of the axes: clear of the points and their labels
+            line["label"],
+            (1, line["usable_bytes"] / scale),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 0),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize=7.5,
+            color=colour,
+        )
+    if above:
+        axes.text(
+            0.01,
+            0.99,
+            "above this scale: " + "; ".join(line["label"] for line in above),
+            transform=axes.transAxes,
+            va="top",
+            fontsize=7.5,
+            color="#737373",
+        )
+    return max((line["usable_bytes"] / scale for line in shown), default=0)
+
+
+def fixed_text(sweep: dict) -> str:
+    """What the sweep held fixed, in the workload's terms."""
+    base, vary = sweep["plan"]["base"], sweep["plan"]["vary"]
+    if sweep["plan"].get("workload") == "decoder":
+        model = base["preset"] or fit.configuration_text({"shape": base["shape"], "preset": None})
+        keys = ("batch", "prompt", "new_tokens", "dtype")
+        return f"decoder {model}, " + ", ".join(f"{k} {base[k]}" for k in keys if k != vary)
+    return ", ".join(
+        f"{k} {v}"
+        for k, v in base.items()
+        if k in ("batch", "context", "width", "dtype") and k != vary
+    )
+
+
+def sweep_picture(source: Source, records: list[fit.Record], lines: list[dict] | None = None):
     """Logarithmic axes where the data span more than 30 times; otherwise a linear axis from
-    zero scaled to the data, so that a sweep of a few MiB is no flat line under the GPU's."""
+    zero scaled to the data, so that a sweep of a few MiB is no flat line under the GPU's.
+    With `lines` (a decoder sweep's catalogue models), those instead of the sweep's GPU's."""
     plt = pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, ScalarFormatter
 
@@ -221,7 +287,15 @@ def sweep_picture(source: Source, records: list[fit.Record]):
             color="black",
             markersize=9,
             linestyle="none",
-            label="predicted by the allocator model" if marker == "+" else None,
+            label=(
+                (
+                    "predicted by decoder.py's mirror"
+                    if lines is not None
+                    else "predicted by the allocator model"
+                )
+                if marker == "+"
+                else None
+            ),
         )
     for n, p in enumerate(failed):  # apart from the curve: what was held when it stopped
         x, y = p["configuration"][vary], p["peak_reserved_bytes"] / scale
@@ -246,7 +320,8 @@ def sweep_picture(source: Source, records: list[fit.Record]):
             color="red",
         )
     top = max(values) / scale
-    line = usable_line(source, records)
+    line = None if lines is not None else usable_line(source, records)
+    reach = draw_catalogue(axes, lines, scale, top) if lines is not None else 0
     if line is not None:
         usable, label = line
         if usable / scale <= (10 if log_y else 1.6) * top:
@@ -286,19 +361,24 @@ def sweep_picture(source: Source, records: list[fit.Record]):
         low, high = axes.get_xlim()
         log_x = axes.get_xscale() == "log"
         axes.set_xlim(low, high * 6 if log_x else high + 0.35 * (high - low))
+    if lines is not None:  # what the dashed lines are, in the legend
+        axes.plot(
+            [],
+            [],
+            "--",
+            color="#737373",
+            linewidth=0.9,
+            label="usable by PyTorch on one GPU of a catalogue model (total - CUDA context):\n"
+            "measured where runs on it exist, else the vendor figure read cautiously",
+        )
     if log_y:
         axes.set_yscale("log")
         axes.yaxis.set_major_formatter(ScalarFormatter())
     else:
-        axes.set_ylim(0, top * 1.25)
+        axes.set_ylim(0, max(top * 1.25, reach * 1.06))
     axes.set_xlabel(vary)
     axes.set_ylabel(f"{unit_name}: PyTorch allocator, this process")
-    base = sweep["plan"]["base"]
-    fixed = ", ".join(
-        f"{k} {v}"
-        for k, v in base.items()
-        if k in ("batch", "context", "width", "dtype") and k != vary
-    )
+    fixed = fixed_text(sweep)
     subtitle = f"sweep {source.name}: {fixed}; stopped because {sweep['stopped_because']}"
     axes.set_title(
         f"Peak memory against {vary}: {source.gpu_name or 'GPU not recorded'}\n"
@@ -368,9 +448,16 @@ def plan(sources: list[Source], args, runs_dir: Path) -> Plan:
     result = Plan()
     needs = [s.need for s in sources if s.need is not None]
     records = fit.evidence(runs_dir, needs)
+    lines = None
     for source in sources:
         try:
-            if source.file == "sweep.json":
+            if source.file == "sweep.json" and source.document["plan"].get("workload") == "decoder":
+                if lines is None:
+                    lines = catalogue_lines(fit.load_catalogue(args.tariffs), records)
+                name = f"peaks-{source.name}.png"
+                result.files[name] = png(sweep_picture(source, records, lines))
+                result.memory += [line for line in lines if line not in result.memory]
+            elif source.file == "sweep.json":
                 name = f"peaks-{source.name}.png"
                 result.files[name] = png(sweep_picture(source, records))
                 line = usable_line(source, records)

@@ -2,9 +2,14 @@
 
     python3 pipeline/sweep.py --device cuda:0 --vary width --start 64 --factor 2 --until-oom
     python3 pipeline/sweep.py --device cuda:0 --plan data/plans/context-until-oom.yaml
+    python3 pipeline/sweep.py --device cuda:0 --workload decoder --preset llama-3.1-8b \
+        --batch 8 --prompt 2048 --new-tokens 128 --dtype bfloat16 \
+        --vary batch --start 8 --factor 2 --until-oom
 
 Each point is a fresh measurement process (launcher.py) with its own run folder under runs/,
-validated and appended to runs/resultats-bruts.csv while the next point measures. A point's
+validated and appended to runs/resultats-bruts.csv while the next point measures (with
+--workload decoder each point is `decoder.py measure`, varying batch, prompt or new-tokens, and
+its row goes to runs/resultats-decoder.csv). A point's
 folder appears only once whole (it is built under a hidden name, then renamed), so Ctrl-C
 leaves whole runs only. runs/<id>-sweep/sweep.json summarises the sweep: the largest
 configuration that fitted, its peaks, and predicted against measured counters per point.
@@ -15,6 +20,7 @@ Exit 0 done (an out-of-memory point ends a sweep normally), 1 a point failed val
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -26,6 +32,7 @@ import time
 from pathlib import Path
 
 import cli
+import decoder
 import launcher
 import mesure_memoire
 import record
@@ -34,6 +41,8 @@ import validate
 import yaml
 
 DIMENSIONS = ("batch", "context", "width")
+DECODER_DIMENSIONS = ("batch", "prompt", "new_tokens")
+WORKLOADS = {"network": launcher.SCRIPT.name, "decoder": "decoder.py"}  # what measures a point
 SIZES = tuple(mesure_memoire.CONFIGURATION_DEFAULTS)
 HARD_CAP = 64  # --until-oom on a card larger than any today still stops
 INTERRUPTED = "it was interrupted (Ctrl-C): every point listed is a whole run"
@@ -52,11 +61,19 @@ def fraction(text: str) -> float:
     return float(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(workload: str = "network") -> argparse.ArgumentParser:
+    """The sweep's own options, then the configuration options of the workload's `measure`."""
     parser = cli.Parser(prog="sweep.py", description=__doc__.splitlines()[0])
     parser.add_argument("--device", required=True, help="cuda or cuda:N")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="network",
+        help="network: the seed's synthetic network (default); decoder: decoder.py's model",
+    )
     parser.add_argument("--plan", help="a YAML plan under data/plans/ (instead of the flags)")
-    parser.add_argument("--vary", choices=DIMENSIONS)
+    dimensions = DIMENSIONS if workload == "network" else DECODER_DIMENSIONS
+    parser.add_argument("--vary", choices=[d.replace("_", "-") for d in dimensions])
     parser.add_argument("--start", type=mesure_memoire.positive_int)
     parser.add_argument("--factor", type=factor, help="next = ceil(current x factor)")
     bound = parser.add_mutually_exclusive_group()
@@ -67,12 +84,26 @@ def build_parser() -> argparse.ArgumentParser:
         type=fraction,
         help="stop before a point whose predicted peak reserved exceeds X x memory",
     )
-    mesure_memoire.add_configuration(
-        parser.add_argument_group("the base configuration (the varied one starts at --start)")
-    )
+    base = "the base configuration (the varied one starts at --start)"
+    if workload == "network":
+        mesure_memoire.add_configuration(parser.add_argument_group(base))
+    else:
+        decoder.add_shape(parser)
+        decoder.add_run(parser.add_argument_group(base))
     parser.add_argument("--runs-dir", default=str(run_folders.RUNS), help=argparse.SUPPRESS)
     parser.add_argument("--no-fork", action="store_true", help="fresh interpreters instead")
     return parser
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The workload first, as it decides which configuration options exist."""
+    peek = cli.Parser(prog="sweep.py", add_help=False, allow_abbrev=False)
+    peek.add_argument("--workload", choices=sorted(WORKLOADS), default="network")
+    workload = peek.parse_known_args(argv)[0].workload
+    args = build_parser(workload).parse_args(argv)
+    if args.workload != workload:  # named by an abbreviation only the full parser takes
+        args = build_parser(args.workload).parse_args(argv)
+    return args
 
 
 def load_plan(path: str, registry) -> dict:
@@ -88,12 +119,76 @@ def load_plan(path: str, registry) -> dict:
     errors = validate.validate_document(plan, registry)
     if errors:
         raise cli.UsageError(f"{path}: {errors[0]}")
+    plan.setdefault("workload", "network")
+    if plan["workload"] == "decoder":
+        given = plan["base"].get("shape")
+        plan["base"] = decoder_base(decoder_args("cuda:0", plan["base"]))
+        if given is not None and plan["base"]["preset"] and given != plan["base"]["shape"]:
+            raise cli.UsageError(f"{path}: base: give a preset or a shape, not both")
+        decoder_args("cuda:0", dict(plan["base"], **{plan["vary"]: plan["start"]}))
     return plan
+
+
+# ---------------------------------------------------------------- the decoder's points
+
+
+def decoder_base(args: argparse.Namespace) -> dict:
+    """A decoder configuration as sweep.json records it: the preset (or none) and its whole
+    shape, then what each point generates; refused in decoder.py's own words."""
+    if args.calibration is not None:
+        raise cli.UsageError(
+            "--calibration: each point uses the committed calibration of its GPU and PyTorch "
+            "(runs/*/decoder-calibration.json), as decoder.py measure does"
+        )
+    shape, preset = decoder.shape_from_args(args)
+    return {"preset": preset, "shape": dataclasses.asdict(shape), **decoder.run_configuration(args)}
+
+
+def decoder_flags(configuration: dict) -> list[str]:
+    """The `decoder.py measure` options of one point."""
+    if configuration.get("preset"):
+        flags = ["--preset", configuration["preset"]]
+    else:
+        shape = configuration["shape"]
+        flags = [f"--{name.replace('_', '-')}={shape[name]}" for name in decoder.SHAPE_OPTIONS]
+        if "head_dim" in shape:
+            flags.append(f"--head-dim={shape['head_dim']}")
+        flags += ["--tie-embeddings"] * bool(shape.get("tie_embeddings"))
+        flags += ["--qkv-bias"] * bool(shape.get("qkv_bias"))
+    for name in decoder.RUN_DEFAULTS:
+        flags.append(f"--{name.replace('_', '-')}={configuration[name]}")
+    return flags
+
+
+def decoder_args(device: str, configuration: dict) -> argparse.Namespace:
+    """A point's options as decoder.py parses and checks them, before anything runs."""
+    argv = ["measure", "--device", device, *decoder_flags(configuration), "--output", "unused"]
+    args = decoder.build_parser().parse_args(argv)
+    decoder.shape_from_args(args)
+    decoder.run_configuration(args)
+    return args
+
+
+def decoder_predicted_peak(configuration: dict, environment: dict) -> int:
+    """The mirror's peak reserved for a point, with the calibration its GPU and PyTorch would
+    use (decoder.find_calibration, as `measure` chooses it)."""
+    shape = decoder.Shape(**configuration["shape"])
+    run = {name: configuration[name] for name in decoder.RUN_DEFAULTS}
+    calibration = decoder.find_calibration(
+        environment["gpu"].get("name"), environment["torch"].get("version")
+    )
+    rows, _ = decoder.predict(shape, run, calibration)
+    return max(row["peak_reserved_bytes"] for row in rows)
 
 
 def plan_from(args: argparse.Namespace, registry) -> dict:
     if args.plan:
-        return load_plan(args.plan, registry)
+        plan = load_plan(args.plan, registry)
+        if plan["workload"] != args.workload:
+            raise cli.UsageError(
+                f"{args.plan}: a {plan['workload']} plan, not --workload {args.workload}"
+            )
+        return plan
     if not (args.vary and args.start and args.factor):
         raise cli.UsageError("give --plan, or --vary, --start and --factor")
     if not (args.until_oom or args.max_steps or args.memory_fraction):
@@ -105,13 +200,20 @@ def plan_from(args: argparse.Namespace, registry) -> dict:
         if args.max_steps
         else {"memory_fraction": args.memory_fraction}
     )
+    vary = args.vary.replace("-", "_")
+    if args.workload == "decoder":
+        base = decoder_base(args)
+        decoder_args(args.device, dict(base, **{vary: args.start}))  # the first point's checks
+    else:
+        base = {name: getattr(args, name) for name in SIZES}
     return {
         "schema": "urn:iteragpu-lab:schema:sweep-plan:v1",
-        "vary": args.vary,
+        "workload": args.workload,
+        "vary": vary,
         "start": args.start,
         "factor": args.factor,
         "stop": bound,
-        "base": {name: getattr(args, name) for name in SIZES},
+        "base": base,
     }
 
 
@@ -170,13 +272,17 @@ class Point:
     """One point: a fresh measurement process writing into a hidden folder, renamed to
     <runs>/<id>/ once whole, so that no folder named by a run id is ever half written."""
 
-    def __init__(self, runs_dir: Path, device: str, configuration: dict) -> None:
+    def __init__(self, runs_dir: Path, device: str, configuration: dict, workload: str) -> None:
         self.run_id = run_folders.new_run_id()
         self.folder = runs_dir / f".{self.run_id}.partial"
         output = str(self.folder / "measurement.json")
         self.argv = ["measure", "--device", device, "--output", output]
-        for name in SIZES:
-            self.argv += [f"--{name}", str(configuration[name])]
+        if workload == "decoder":
+            self.argv += decoder_flags(configuration)
+        else:
+            for name in SIZES:
+                self.argv += [f"--{name}", str(configuration[name])]
+        self.script = WORKLOADS[workload]
         self.child: launcher.Child | None = None
 
     @property
@@ -187,7 +293,9 @@ class Point:
         """Its process, forked while `after`'s holds its exit; returns once that one is gone."""
         self.folder.mkdir()
         try:
-            self.child = runner.start(self.argv, after=after.child if after else None)
+            self.child = runner.start(
+                self.argv, after=after.child if after else None, script=self.script
+            )
         except BaseException:
             shutil.rmtree(self.folder)
             raise
@@ -230,17 +338,26 @@ def next_value(current: int, factor: float) -> int:
     return max(current + 1, math.ceil(current * factor))
 
 
-def predicted_too_large(plan: dict, configuration: dict, points: list[dict]) -> str | None:
+def predicted_too_large(
+    plan: dict, configuration: dict, points: list[dict], runs_dir: Path
+) -> str | None:
     """With --memory-fraction: why the next point is not started, from its peak reserved
-    predicted with the last point's library blocks; None to go on."""
+    predicted with the last point's library blocks (the decoder's: its mirror, with the
+    calibration of the last point's GPU and PyTorch); None to go on."""
     last = points[-1] if points else None
-    if "memory_fraction" not in plan["stop"] or last is None or last["library_blocks"] is None:
+    if "memory_fraction" not in plan["stop"] or last is None:
         return None
     memory, share = last["total_memory_bytes"], plan["stop"]["memory_fraction"]
     if memory is None:
         return None
-    rows = mesure_memoire.predict_phases(configuration, last["library_blocks"])
-    expected = max(row["peak_reserved_bytes"] for row in rows)
+    if plan.get("workload") == "decoder":
+        document = json.loads((runs_dir / last["run"] / "measurement.json").read_text())
+        expected = decoder_predicted_peak(configuration, document["environment"])
+    elif last["library_blocks"] is None:
+        return None
+    else:
+        rows = mesure_memoire.predict_phases(configuration, last["library_blocks"])
+        expected = max(row["peak_reserved_bytes"] for row in rows)
     if expected <= share * memory:
         return None
     return (
@@ -301,13 +418,18 @@ def run_sweep(args: argparse.Namespace) -> int:
     device = f"cuda:{mesure_memoire.device_index(cli.device(args.device))}"
     runs_dir = cli.existing_folder(Path(args.runs_dir))
     vary, bound = plan["vary"], plan["stop"].get("max_steps")
+    workload = plan["workload"]
     runner = launcher.Launcher(fork=not args.no_fork)
     loading = (
         "loading PyTorch, once for every point"
         if runner.mode == launcher.FORKED
         else "every point loads PyTorch in a fresh interpreter"
     )
-    print(f"sweep of {vary} on {device}: {loading}...", flush=True)
+    what = ""
+    if workload == "decoder":
+        base = plan["base"]
+        what = f" (decoder {base['preset'] or 'of the given shape'}, {base['dtype']})"
+    print(f"sweep of {vary} on {device}{what}: {loading}...", flush=True)
     sweep_dir = runs_dir / f"{run_folders.new_run_id()}-sweep"
     configuration = dict(plan["base"], **{vary: plan["start"]})
     points: list[dict] = []
@@ -316,10 +438,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     measured = running = None  # measured: whole and summarised, its row not yet appended
     try:
         for step in range(1, (bound or HARD_CAP) + 1):
-            reason = predicted_too_large(plan, configuration, points)
+            reason = predicted_too_large(plan, configuration, points, runs_dir)
             if reason:
                 break
-            running = Point(runs_dir, device, configuration)
+            running = Point(runs_dir, device, configuration, workload)
             running.start(runner, after=measured)
             if measured is not None:  # recorded while the new point measures
                 reason, measured = record_point(measured, points), None
@@ -368,7 +490,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.run("sweep.py", lambda: run_sweep(build_parser().parse_args(argv)))
+    return cli.run("sweep.py", lambda: run_sweep(parse(argv)))
 
 
 if __name__ == "__main__":

@@ -90,10 +90,23 @@ def write_protocol(path: Path, front_matter: str = DECIDED) -> Path:
 H200_USABLE_BYTES = 150109880320 - 718077952  # total - CUDA context, the committed H200 runs
 
 
-def decoder_measurement(flags: list[str], memory_bytes: int | None = H200_USABLE_BYTES) -> dict:
+# What PyTorch reports of an allocator left at its defaults (tests/data/h200/env.json was
+# recorded before the environment named them).
+DEFAULT_ALLOCATOR = {
+    "max_split_size": -1,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": False,
+    "roundup_power2_divisions": {},
+}
+
+
+def decoder_measurement(
+    flags: list[str], memory_bytes: int | None = H200_USABLE_BYTES, allocator=DEFAULT_ALLOCATOR
+) -> dict:
     """The decoder measurement.json `decoder.py measure --device cuda:0 FLAGS` would write on
-    the H200 of tests/data/h200/env.json, each row measured as predicted; a row whose
-    predicted peak reserved exceeds memory_bytes runs out of memory, as the GPU would."""
+    the H200 of tests/data/h200/env.json with these allocator settings, each row measured as
+    predicted; a row whose predicted peak reserved exceeds memory_bytes runs out of memory,
+    as the GPU would."""
     import decoder
 
     args = decoder.build_parser().parse_args(
@@ -102,6 +115,7 @@ def decoder_measurement(flags: list[str], memory_bytes: int | None = H200_USABLE
     shape, preset = decoder.shape_from_args(args)
     run = decoder.run_configuration(args)
     environment = json.loads((H200 / "env.json").read_bytes())["environment"]
+    environment["gpu"]["allocator_settings"] = dict(allocator)
     document = decoder.new_measurement(shape, preset, run, "cuda:0", args.seed, environment)
     document["created_utc"] = "2026-12-04T10:00:00Z"
     rows, mirror = decoder.predict(shape, run, args.calibration)

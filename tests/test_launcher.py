@@ -259,3 +259,47 @@ def test_the_equivalence_grid_without_a_gpu_compares_nothing_and_exits_1(tmp_pat
     assert again.stderr == (
         f"equivalence_grid.py: error: {out} already exists: the comparison goes in a new folder\n"
     )
+
+
+# ---------------------------------------------------------------- the decoder's measurements
+
+TINY_DECODER = ["--layers", "2", "--width", "64", "--heads", "4", "--kv-heads", "2", "--ffn"]
+TINY_DECODER += ["160", "--vocab", "1000", "--batch", "2", "--prompt", "16", "--new-tokens", "4"]
+
+
+def test_a_forked_child_runs_decoder_main_as_forked(monkeypatch):
+    """The decoder's environment record says how its process started: the child must pass it."""
+    import decoder
+
+    calls = []
+    monkeypatch.setattr(
+        decoder, "main", lambda argv, process_start: calls.append((argv, process_start)) or 0
+    )
+    parent, child = multiprocessing.Pipe()
+    parent.send(launcher.MEASURE)
+    parent.send(launcher.EXIT)  # let go as soon as it has reported
+    with pytest.raises(SystemExit) as exited:
+        launcher._forked_child(["measure", "--device", "cuda:0"], child, script="decoder.py")
+    assert exited.value.code == 0
+    assert calls == [(["measure", "--device", "cuda:0"], launcher.FORKED)]
+    assert parent.recv() == launcher.READY
+    assert parent.recv() == 0
+
+
+@without_a_gpu
+def test_without_a_gpu_a_forked_decoder_measurement_refuses_in_one_line(tmp_path):
+    out = tmp_path / "measurement.json"
+    argv = ["measure", "--device", "cuda:0", *TINY_DECODER, "--output", str(out)]
+    result = launch(f"""
+        import launcher
+        runner = launcher.Launcher()
+        print(runner.mode)
+        print(runner.start({argv!r}, script="decoder.py").wait())
+        print("torch" in sys.modules)
+    """)
+    assert result.stdout.splitlines()[-3:] == [launcher.FORKED, "2", "False"], result.stderr
+    assert result.stderr == (
+        "decoder.py: error: no GPU is visible to PyTorch: measure needs one and never uses "
+        "the CPU\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -180,7 +180,8 @@ class Replay:
         }
         self.children, self.argvs, self.interrupt_at = [], [], interrupt_at
 
-    def start(self, argv, after=None):
+    def start(self, argv, after=None, script=sweep.launcher.SCRIPT.name):
+        assert script == "mesure_memoire.py"  # the seed network's points run the kit script
         assert after is (self.children[-1] if self.children else None)
         if after is not None:
             assert after.wait() == 0  # only a completed point is followed by another
