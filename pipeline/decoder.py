@@ -964,30 +964,14 @@ def add_predictions(document: dict, shape: Shape, run: dict, calibration) -> Non
 
 def summarise(document: dict) -> dict:
     phases, run = document["phases"], document["configuration"]
-    differences = {
-        key: max((abs(row[key] - row["predicted"][key]) for row in phases), default=0)
-        for key in COUNTER_KEYS
-    }
     summary = {
         "phases_completed": len(phases),
         "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
         "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
-        "prediction": {
-            "largest_abs_difference_allocated_bytes": max(
-                differences[key] for key in COUNTER_KEYS if "allocated" in key
-            ),
-            "largest_abs_difference_reserved_bytes": max(
-                differences[key] for key in COUNTER_KEYS if "reserved" in key
-            ),
-            "by_counter": differences,
-        },
+        # the mirror replays the native allocator with its default settings: anything else is said
+        "prediction": mesure_memoire.prediction_summary(document),
         "timing": None,
     }
-    # the mirror replays the native allocator with its default settings: anything else is said
-    applicable, because = mesure_memoire.prediction_applicability(document["environment"])
-    summary["prediction"]["applicable"] = applicable
-    if not applicable:
-        summary["prediction"]["not_applicable_because"] = because
     prefill = [r for r in phases if r["phase"] == "prefill"]
     decode = [r for r in phases if r["phase"] == "decode"]
     if not prefill:

@@ -1010,37 +1010,49 @@ def spread(values: list[int]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def summarise(document: dict, reference: dict | None = None) -> dict:
+def prediction_summary(document: dict, model: str | None = None) -> dict:
+    """Predicted against measured over every row, per counter, and whether the prediction is
+    a claim at all (the allocator's backend and settings); shared by every workload."""
     phases = document["phases"]
-    configuration = document["configuration"]
-    warm = [row for row in phases if row["phase"] == "warm_forward"]
     differences = {
         key: max((abs(row[key] - row["predicted"][key]) for row in phases), default=0)
         for key in COUNTER_KEYS
     }
+    prediction = {
+        "largest_abs_difference_allocated_bytes": max(
+            differences[key] for key in COUNTER_KEYS if "allocated" in key
+        ),
+        "largest_abs_difference_reserved_bytes": max(
+            differences[key] for key in COUNTER_KEYS if "reserved" in key
+        ),
+        "by_counter": differences,
+    }
+    if model is not None:
+        prediction["model"] = model
+    applicable, because = prediction_applicability(document["environment"])
+    prediction["applicable"] = applicable
+    if not applicable:
+        prediction["not_applicable_because"] = because
+    return prediction
+
+
+def summarise(document: dict, reference: dict | None = None) -> dict:
+    phases = document["phases"]
+    configuration = document["configuration"]
+    warm = [row for row in phases if row["phase"] == "warm_forward"]
+    model = (
+        "pipeline allocator model (512-byte blocks, 2 MiB small segments, 20 MiB or "
+        "2 MiB-rounded large segments, best fit, split rules) replaying the network's tensors "
+        "and the calibrated library blocks"
+    )
     summary = {
         "phases_completed": len(phases),
         "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
         "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
         "warm_forward_median_event_time_ns": None,
         "warm_forward_median_wall_time_ns": None,
-        "prediction": {
-            "largest_abs_difference_allocated_bytes": max(
-                differences[key] for key in COUNTER_KEYS if "allocated" in key
-            ),
-            "largest_abs_difference_reserved_bytes": max(
-                differences[key] for key in COUNTER_KEYS if "reserved" in key
-            ),
-            "by_counter": differences,
-            "model": "pipeline allocator model (512-byte blocks, 2 MiB small segments, "
-            "20 MiB or 2 MiB-rounded large segments, best fit, split rules) replaying the "
-            "network's tensors and the calibrated library blocks",
-        },
+        "prediction": prediction_summary(document, model),
     }
-    applicable, because = prediction_applicability(document["environment"])
-    summary["prediction"]["applicable"] = applicable
-    if not applicable:
-        summary["prediction"]["not_applicable_because"] = because
     if not warm:
         return summary
     events = [r["event_time_ns"] for r in warm]

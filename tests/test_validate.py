@@ -638,7 +638,7 @@ def test_help_says_what_validate_does_in_a_whole_sentence():
     ids=lambda p: p.name,
 )
 def test_rules_are_stated_not_cited_by_number(path):
-    """No "spec rule 23": the document those numbers point to is not in the repository."""
+    """A rule is stated in words, never as a number of a document outside the repository."""
     text = path.read_text(encoding="utf-8")
     assert not re.search(r"\b(spec|rules?) ?[0-9]+", text, re.IGNORECASE), path.name
 
