@@ -324,8 +324,10 @@ def sweep_picture(source: Source, records: list[fit.Record], lines: list[dict] |
     reach = draw_catalogue(axes, lines, scale, top) if lines is not None else 0
     if line is not None:
         usable, label = line
-        if usable / scale <= (10 if log_y else 1.6) * top:
+        # drawn while the data keep at least 40% of a linear axis (10x on a log one)
+        if usable / scale <= (10 if log_y else 2.5) * top:
             axes.axhline(usable / scale, color="red", linestyle="--", label=label)
+            reach = max(reach, usable / scale)  # the axis reaches the line
             axes.annotate(
                 f"{fit.gib(usable)} GiB usable by PyTorch",
                 (0.99, usable / scale),

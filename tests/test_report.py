@@ -349,3 +349,22 @@ def test_a_prediction_that_does_not_apply_says_so_in_the_legend():
         "predicted by the allocator model (NOT APPLICABLE: allocator settings differ from "
         "the modelled defaults: expandable_segments=True)"
     )
+
+
+def test_the_gpu_line_is_drawn_while_the_peaks_keep_two_fifths_of_the_axis(tmp_path):
+    """The H200 sweep of 2026-12-03 peaks at 72.06 GiB, 52% of the 139.13 GiB usable: the
+    line belongs on the axis, not in a note that says it is far above."""
+    check = RUNS / "20261203T070426Z-pipeline-check"
+    sweep_name = "20261203T070434Z-0ef94c-sweep"
+    runs = tmp_path / "runs"
+    shutil.copytree(check, runs)
+    sweep = source(runs, sweep_name)
+    figure = report.sweep_picture(sweep, fit.evidence(runs, [sweep.need]))
+    [axes] = figure.axes
+    labels = [line.get_label() for line in axes.get_lines()]
+    assert (
+        "NVIDIA H200: 139.13 GiB usable by PyTorch = 139.80 GiB total - 0.67 GiB CUDA context "
+        "(measured)"
+    ) in labels
+    assert not [t for t in texts(figure) if t.startswith("far above this scale")]
+    assert axes.get_ylim()[1] > H200_USABLE / 2**30  # the axis reaches the line
