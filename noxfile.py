@@ -191,7 +191,7 @@ def environment(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def measure(session: nox.Session) -> None:
     """Measure into new runs/<id>/ folders, validate, log: `-- --device cuda:N|all [flags]`."""
-    usage = "--device cuda:N|all [--workload network|decoder] [--batch B --context C ...]"
+    usage = "--device cuda:N|all [--workload network|decoder|FILE.py:FUNCTION] [--batch B ...]"
     run_stage(session, "chain.py", usage=usage, needs="--device", runs_dir=True)
 
 

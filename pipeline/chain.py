@@ -3,12 +3,19 @@
     python pipeline/chain.py --device cuda:N|cuda|all [measure flags] [--runs-dir DIR]
     python pipeline/chain.py --device cuda:0 --workload decoder --preset llama-3.1-8b \
         --batch 8 --prompt 2048 --new-tokens 128 --dtype bfloat16
+    python pipeline/chain.py --device cuda:0 --workload pipeline/workloads/resnet_cnn.py:resnet \
+        --dtype bfloat16 --batch 32 [--dim NAME=VALUE ...]
 
 --workload network (the default) measures the seed's synthetic network with the kit script
 `mesure_memoire.py measure`; --workload decoder a decoder-only language model with
-`decoder.py measure` (same outputs, exit codes and protocol; decoder rows go to the decoder
-log, record.py). What it guarantees:
-- bad flags (those of the workload's `measure`) fail before a run folder exists;
+`decoder.py measure`; --workload FILE.py:FUNCTION your own model with `own_model.py measure`
+(same outputs, exit codes and protocol; decoder and own-model rows go to logs of their own,
+record.py). What it guarantees:
+- bad flags (those of the workload's `measure`) fail before a run folder exists; for your
+  own model also a workload file that is missing, is not Python, lacks the function, or does
+  not declare a --dim given (read, never imported: this process never imports torch);
+- a run whose workload code raised (own_model.py exit 1, status "failed") keeps its folder
+  and file and is never recorded;
 - each run gets a new folder, never reused; a run is recorded only once both of its files
   validate; an out-of-memory result is recorded and the chain exits 3;
 - a chain that stops early records nothing and keeps what was written (environment.json
@@ -20,6 +27,8 @@ log, record.py). What it guarantees:
 
 from __future__ import annotations
 
+import argparse
+import ast
 import sys
 from pathlib import Path
 
@@ -27,6 +36,7 @@ import cli
 import decoder
 import launcher
 import mesure_memoire
+import own_model
 import run_folders
 
 
@@ -34,17 +44,63 @@ def announce(message: str) -> None:
     print(f"chain.py: {message}", flush=True)  # flushed: the children write to the same stream
 
 
-# The script that measures each workload, as the launcher runs it.
+# The script that measures each workload, as the launcher runs it; any other --workload is a
+# user's FILE.py:FUNCTION, which own_model.py measures.
 WORKLOADS = {"network": "mesure_memoire.py", "decoder": "decoder.py"}
+OWN_MODEL = "own_model.py"
+
+
+def workload_argument(text: str) -> str:
+    if text in WORKLOADS or ":" in text:  # own_model.py's parser checks FILE.py:FUNCTION
+        return text
+    raise argparse.ArgumentTypeError(f"network, decoder or FILE.py:FUNCTION, got {text!r}")
+
+
+def script_of(workload: str) -> str:
+    return WORKLOADS.get(workload, OWN_MODEL)
+
+
+def workload_flags(workload: str) -> list[str]:
+    """What own_model.py is told of the workload; the built-in ones are the script itself."""
+    return [] if workload in WORKLOADS else ["--workload", workload]
+
+
+def declared_dimensions(file: own_model.WorkloadFile) -> dict[str, int] | None:
+    """The function's keyword-only integer defaults, read from its source; None when the
+    source does not state them plainly (imported, or computed defaults): the measuring
+    process, which imports the file, then checks them."""
+    for node in ast.parse(file.source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == file.function:
+            declared = {}
+            for arg, default in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True):
+                value = getattr(default, "value", None)
+                if type(value) is not int:
+                    return None
+                declared[arg.arg] = value
+            return declared
+    return None
+
+
+def check_own_model_flags(argv: list[str]) -> None:
+    args = own_model.build_parser().parse_args(argv)
+    file = own_model.read_workload_file(*args.workload)
+    declared = declared_dimensions(file)
+    if declared is not None:
+        own_model.resolve_dimensions(file.function, declared, args.dim)
 
 
 def check_measure_flags(flags: list[str], workload: str = "network") -> None:
     """Bad flags fail here, before a run folder exists, with the measuring script's own
-    message (for the decoder also its shape rules: a preset or all six shape options)."""
+    message (for the decoder also its shape rules: a preset or all six shape options; for
+    a workload file, what own_model.py checks before it imports torch)."""
     for name in ("--output", "--environment-output"):
         if any(flag == name or flag.startswith(f"{name}=") for flag in flags):
             raise cli.UsageError(f"the chain names its outputs: drop {name}")
-    argv = ["measure", "--device", "cuda:0", *flags, "--output", "unused"]
+    argv = ["measure", "--device", "cuda:0", *workload_flags(workload), *flags]
+    argv += ["--output", "unused"]
+    if workload not in WORKLOADS:
+        check_own_model_flags(argv)
+        return
     if workload == "network":
         mesure_memoire.build_parser().parse_args(argv)
         return
@@ -93,6 +149,7 @@ def run_chains(
             "measure",
             "--device",
             device,
+            *workload_flags(workload),
             *flags,
             "--environment-output",
             f"{folders[device]}/environment.json",
@@ -105,7 +162,7 @@ def run_chains(
         if workload == "network":  # the seed's chain, called as it always was
             codes = run_steps(runner, steps)
         else:
-            codes = run_steps(runner, steps, script=WORKLOADS[workload])
+            codes = run_steps(runner, steps, script=script_of(workload))
     except KeyboardInterrupt:
         return [end_unrecorded(folder, "interrupted", 130) for folder in folders.values()]
     import record
@@ -148,9 +205,11 @@ def run_chain(argv: list[str] | None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=run_folders.RUNS, help="default: runs/")
     parser.add_argument(
         "--workload",
-        choices=sorted(WORKLOADS),
+        type=workload_argument,
         default="network",
-        help="network: the seed's synthetic network (default); decoder: decoder.py's model",
+        metavar="network|decoder|FILE.py:FUNCTION",
+        help="network: the seed's synthetic network (default); decoder: decoder.py's model; "
+        "FILE.py:FUNCTION: your own model (own_model.py)",
     )
     args, flags = parser.parse_known_args(argv)
     if args.device != "all":

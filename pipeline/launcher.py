@@ -9,8 +9,10 @@ What it guarantees:
   measures nothing.
 Without fork (or with fork=False) each command is a fresh interpreter; the environment
 record of every measurement says which way its process started. A command is one of the
-kit script `mesure_memoire.py` (the seed network, the default) or `decoder.py` (the decoder
-workload): both are standard library until they measure, so the parent imports either.
+kit script `mesure_memoire.py` (the seed network, the default), `decoder.py` (the decoder
+workload) or `own_model.py` (a user's workload file): all are standard library until they
+measure, so the parent imports any of them (own_model.py imports the user's file only in the
+child).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import mesure_memoire
 
 PIPELINE = Path(__file__).resolve().parent
 SCRIPT = PIPELINE / "mesure_memoire.py"
-SCRIPTS = ("mesure_memoire.py", "decoder.py")  # what a child may run: main(argv, process_start)
+SCRIPTS = ("mesure_memoire.py", "decoder.py", "own_model.py")  # what a child may run: main(argv, process_start)
 FORKED = "forked from a server that had imported torch and never initialised CUDA"
 FRESH = mesure_memoire.FRESH_INTERPRETER
 HOLD_SECONDS = 5  # a child that has reported waits this long at most to be let go
@@ -129,7 +131,7 @@ class Launcher:
         """Start one command of `script`; with `after` (an earlier child that has reported),
         returns once that one has exited, the new one having been forked first."""
         if script not in SCRIPTS:
-            raise ValueError(f"the launcher runs {' or '.join(SCRIPTS)}, not {script}")
+            raise ValueError(f"the launcher runs {', '.join(SCRIPTS)}, not {script}")
         if self.context is None:
             if after is not None:
                 after.wait()
