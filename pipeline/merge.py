@@ -9,9 +9,10 @@ row, except that a copy whose quality columns were filled (protocole-qualite.md,
 wins over one where they are still empty. Any other difference is a conflict, and so is one
 measurement under two run ids. The output is new (never written over), sorted by run id
 (that is, by time), and written whole or not at all; after an invalid row or a conflict,
-nothing is written. Logs with the kit's header and decoder logs (the kit's columns, then the
-decoder's) merge alike: the output has the kit's header when every input has it, else the
-decoder log's, where a seed-network row reads workload "network" with empty decoder cells.
+nothing is written. Logs with the kit's header, decoder logs (the kit's columns, then the
+decoder's) and own-model logs (the decoder log's columns, then the own model's) merge alike:
+the output has the widest header among the inputs', where a seed-network row reads workload
+"network" and every row has empty cells for the columns of the other workloads.
 
 Exit 0 written; 1 an invalid row or a conflict; 2 bad input (a missing input, an output
 that exists).
@@ -75,10 +76,8 @@ def merge(inputs: list[Path], output: Path) -> int:
         rows, problems = validate.check_log(content, registry, protocol, keep_rows=True)
         errors += [f"{path}: {problem}" for problem in problems]
         logs.append((str(path), rows))
-    kit_only = all(
-        validate.log_header(content) == validate.kit_header() for content in data.values()
-    )
-    header = validate.kit_header() if kit_only else validate.decoder_header()
+    # the widest header of the inputs': each header is the one before it and more columns
+    header = max((validate.log_header(content) for content in data.values()), key=len)
     logs = [(name, [(n, validate.as_header(r, header)) for n, r in rows]) for name, rows in logs]
     if not errors:
         merged, errors = merge_rows(logs)

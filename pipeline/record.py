@@ -7,8 +7,12 @@
 A run folder <runs>/<id>/ is recorded in <runs>/resultats-bruts.csv. The log is created from
 the header of data/resultats-bruts.csv (the kit's empty grid, which stays empty). A decoder
 run (decoder.py measure) is recorded in <runs>/resultats-decoder.csv instead, whose header is
-the kit's followed by the decoder's columns (validate.DECODER_COLUMNS): a log written before
-keeps its bytes and stays valid, and merge.py unites logs of both headers. A run is
+the kit's followed by the decoder's columns (validate.DECODER_COLUMNS), and an own-model run
+(own_model.py measure: your own workload file) in <runs>/resultats-own.csv, whose header is
+the decoder log's followed by the own model's columns (validate.OWN_COLUMNS): a log written
+before keeps its bytes and stays valid, and merge.py unites logs of the three headers. A run
+whose workload code raised (status "failed") is not a measurement and is never recorded. A
+run is
 recorded only if its files pass validate.py's checks (imported: the same rules, no extra
 interpreter), and once: neither its run id nor its measurement (the same measurement.json
 under another folder name) may be in the log already. The quality columns stay empty unless
@@ -46,6 +50,7 @@ import validate
 
 CONFIGURATION = ("batch", "context", "width", "dtype", "warmup", "repeats", "seed")
 DECODER_LOG_NAME = "resultats-decoder.csv"
+OWN_MODEL_LOG_NAME = "resultats-own.csv"
 SHAPE = ("layers", "heads", "kv_heads", "head_dim", "ffn", "vocab")
 
 
@@ -159,6 +164,60 @@ def build_decoder_row(run_id: str, data: bytes, measurement: dict, protocol_sha2
     return row
 
 
+def build_own_model_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str):
+    """The own-model log's columns from a validated own_model.py measurement.json: the kit's
+    columns where a phase has the kit's name, context and width empty (a user's model has
+    neither), the decoder's empty but the largest prediction difference, then the workload's:
+    what was run (the file's name and SHA-256, never its path), and what was predicted."""
+    configuration, workload = measurement["configuration"], measurement["workload"]
+    summary = measurement["summary"]
+    first_rows: dict[str, dict] = {}
+    for phase in measurement["phases"]:
+        first_rows.setdefault(phase["phase"], phase)
+
+    def wall(name: str) -> str:
+        return str(first_rows[name]["wall_time_ns"]) if name in first_rows else ""
+
+    by_counter = summary["prediction"].get("by_counter")
+    parameters = workload["parameters"] or {}
+    return {
+        **identity_cells(run_id, measurement),
+        "batch": str(configuration["batch"]),
+        "context": "",
+        "width": "",
+        "dtype": configuration["dtype"],
+        "warmup": str(configuration["warmup"]),
+        "repeats": str(configuration["repeats"]),
+        "seed": str(configuration["seed"]),
+        "model_load_wall_ns": wall("model_load"),
+        "inputs_wall_ns": wall("inputs"),
+        "cold_forward_wall_ns": "",
+        "warmup_wall_ns": wall("warmup"),
+        "warm_forward_median_wall_ns": "",
+        "warm_forward_median_event_ns": "",
+        "largest_peak_allocated_bytes": str(summary["largest_peak_allocated_bytes"]),
+        "largest_peak_reserved_bytes": str(summary["largest_peak_reserved_bytes"]),
+        "measurement_sha256": hashlib.sha256(data).hexdigest(),
+        "protocol_sha256": protocol_sha256,
+        **dict.fromkeys(validate.QUALITY, ""),
+        "workload": "own",
+        **dict.fromkeys(validate.DECODER_COLUMNS[1:], ""),
+        "largest_abs_difference_bytes": text(max(by_counter.values()) if by_counter else None),
+        "workload_file": workload["file"],
+        "workload_sha256": workload["sha256"],
+        "workload_function": workload["function"],
+        "workload_dims": " ".join(f"{k}={v}" for k, v in configuration["dims"].items()),
+        "workload_mode": workload["kind"] or "",
+        "parameter_count": text(parameters.get("count")),
+        "parameter_bytes": text(parameters.get("bytes")),
+        "cold_step_wall_ns": wall("cold_step"),
+        "optimizer_state_wall_ns": wall("optimizer_state"),
+        "warm_step_median_wall_ns": median_text(summary["warm_step_median_wall_time_ns"]),
+        "warm_step_median_event_ns": median_text(summary["warm_step_median_event_time_ns"]),
+        "prediction_status": summary["prediction"]["status"],
+    }
+
+
 def csv_line(cells) -> bytes:
     """One CSV record, encoded: what a single write() appends."""
     buffer = io.StringIO()
@@ -178,11 +237,11 @@ def read_all(fd: int) -> bytes:
 
 def append_row(log: Path, row: dict, registry, protocol: validate.Protocol) -> int:
     """Append `row` to the log (created from the kit header if new, the decoder log's for a
-    decoder row); returns its line number. Refuses what validate.append_refusal refuses: a
-    duplicate, a log validate.py rejects, a decoder row in a log without the decoder columns."""
-    decoder_row = row.get("workload") == "decoder"
+    decoder row, the own-model log's for an own-model row); returns its line number. Refuses
+    what validate.append_refusal refuses: a duplicate, a log validate.py rejects, a row in a
+    log without its workload's columns."""
     if not os.path.lexists(log):
-        header = validate.decoder_header() if decoder_row else validate.kit_header()
+        header = validate.header_for(row)
         with contextlib.suppress(FileExistsError):  # another process won the race: keep theirs
             cli.write_new(log, csv_line(header))
     fd = os.open(log, os.O_RDWR | os.O_APPEND)
@@ -225,10 +284,20 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
         print("\n".join(errors), file=sys.stderr)
         print(f"record.py: {folder} does not validate: nothing appended", file=sys.stderr)
         return cli.INVALID
-    decoder_run = measurement.document["schema"] == validate.DECODER
-    if decoder_run and measurement.document["status"] == "predicted":
-        raise cli.UsageError(f"{path}: a prediction (decoder.py estimate), not a measurement")
-    build = build_decoder_row if decoder_run else build_row
+    schema, status = measurement.document["schema"], measurement.document["status"]
+    script = {validate.DECODER: "decoder.py", validate.OWN_MODEL: "own_model.py"}.get(schema)
+    if status == "predicted":
+        raise cli.UsageError(f"{path}: a prediction ({script} estimate), not a measurement")
+    if status == "failed":
+        raised = measurement.document["failure"]["exception_type"]
+        raise cli.UsageError(
+            f"{path}: the workload's own code raised {raised}: a failed run is not a "
+            "measurement, never recorded"
+        )
+    build, log_name = {
+        validate.DECODER: (build_decoder_row, DECODER_LOG_NAME),
+        validate.OWN_MODEL: (build_own_model_row, OWN_MODEL_LOG_NAME),
+    }.get(schema, (build_row, run_folders.LOG_NAME))
     row = build(folder.name, measurement.data, measurement.document, protocol.sha256)
     row.update(quality)
     errors = validate.schema_errors(row, validate.RESULTS_ROW, registry)
@@ -238,7 +307,7 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
     refusals = validate.quality_errors(row, protocol)
     if refusals:
         raise cli.UsageError(f"quality values refused: {'; '.join(refusals)}")
-    log = folder.parent / (DECODER_LOG_NAME if decoder_run else run_folders.LOG_NAME)
+    log = folder.parent / log_name
     line = append_row(log, row, registry, protocol)
     print(f"{folder}: recorded in {log}, line {line}")
     return cli.OK

@@ -61,7 +61,7 @@ RESULTS_ROW = "urn:iteragpu-lab:schema:results-row:v1"
 # A run folder's files: their names promise their kind.
 NAMED_KINDS = {
     "environment.json": ((ENVIRONMENT,), "an environment"),
-    "measurement.json": ((*MEASUREMENTS, DECODER), "a measurement"),
+    "measurement.json": ((*MEASUREMENTS, DECODER, OWN_MODEL), "a measurement"),
 }
 QUALITY = ("useful_work", "accepted_results", "threshold_met")
 # The decoder log's header is the kit's, then these, in this order (results-row schema).
@@ -86,6 +86,23 @@ DECODER_COLUMNS = (
     "decode_tokens_per_second",
     "largest_abs_difference_bytes",
 )
+# The own-model log's header is the decoder log's, then these (results-row schema): one log
+# can then hold every workload, and merge.py unites logs of the three headers.
+OWN_COLUMNS = (
+    "workload_file",
+    "workload_sha256",
+    "workload_function",
+    "workload_dims",
+    "workload_mode",
+    "parameter_count",
+    "parameter_bytes",
+    "cold_step_wall_ns",
+    "optimizer_state_wall_ns",
+    "warm_step_median_wall_ns",
+    "warm_step_median_event_ns",
+    "prediction_status",
+)
+HEADERS_NAMED = "nor the decoder log's, nor the own-model log's"
 # What a walk meets besides artefacts and logs, and why it is not validated.
 SKIPPED_SUFFIXES = {
     ".png": "a picture, drawn from the artefacts beside it: no schema",
@@ -678,16 +695,37 @@ def decoder_header() -> tuple[str, ...]:
     return kit_header() + DECODER_COLUMNS
 
 
+def own_model_header() -> tuple[str, ...]:
+    """The columns of the own-model log: the decoder log's, then the own model's. Logs with
+    the kit's or the decoder's header stay valid logs as they are."""
+    return decoder_header() + OWN_COLUMNS
+
+
+def headers() -> tuple[tuple[str, ...], ...]:
+    """The logs' headers, each the one before it and more columns."""
+    return kit_header(), decoder_header(), own_model_header()
+
+
 def log_header(data: bytes) -> tuple[str, ...]:
-    """The header a log's first line claims: the decoder log's when it is exactly that,
-    else the kit's (log_records then says the line is not it)."""
+    """The header a log's first line claims: the decoder or own-model log's when it is
+    exactly that, else the kit's (log_records then says the line is not it)."""
     first = data[: data.find(b"\n") + 1 or len(data)].rstrip(b"\r\n")
-    return decoder_header() if first == ",".join(decoder_header()).encode() else kit_header()
+    for header in headers()[1:]:
+        if first == ",".join(header).encode():
+            return header
+    return kit_header()
+
+
+def header_for(row: dict) -> tuple[str, ...]:
+    """The narrowest header that holds `row`'s workload: the log a new one is created with."""
+    return {"decoder": decoder_header(), "own": own_model_header()}.get(
+        row.get("workload", "network"), kit_header()
+    )
 
 
 def as_header(row: dict, header: tuple[str, ...]) -> dict:
-    """A row with the columns of `header`: a seed-network row in the decoder log gets
-    workload "network" and empty decoder cells."""
+    """A row with the columns of `header`: a seed-network row in a longer header gets
+    workload "network", and every row empty cells for the columns it lacks."""
     if header == kit_header():
         return {column: row[column] for column in header}
     return {column: row.get(column, "network" if column == "workload" else "") for column in header}
@@ -711,7 +749,7 @@ def log_records(data: bytes, header: tuple[str, ...]) -> Iterator[tuple[int, dic
     try:
         first = next(reader, None)
         if first is None or tuple(first) != header:
-            yield 1, None, f"line 1: not the header of {KIT_GRID.name} (nor the decoder log's)"
+            yield 1, None, f"line 1: not the header of {KIT_GRID.name} ({HEADERS_NAMED})"
             return
         for cells in reader:
             if len(cells) != len(header):
@@ -787,6 +825,11 @@ def append_refusal(data: bytes, row: dict, registry: Registry, protocol: Protoco
             f"line 1: the header of {KIT_GRID.name}, without the decoder columns: a decoder "
             "row goes to a decoder log"
         )
+    if row.get("workload") == "own" and header != own_model_header() and data:
+        return (
+            "line 1: a header without the own-model columns: an own-model row goes to an "
+            "own-model log"
+        )
     if data and not data.endswith(b"\n"):
         return "$: the last line has no line end (a torn append, or an edit by hand)"
     separators = data.translate(None, PLAIN_TEXT)  # one pass over the log: its commas
@@ -796,7 +839,7 @@ def append_refusal(data: bytes, row: dict, registry: Registry, protocol: Protoco
     if not plain:
         return _refusal_row_by_row(data, row, registry, protocol)
     if data[: data.find(b"\n")].decode("ascii").split(",") != list(header):
-        return f"line 1: not the header of {KIT_GRID.name} (nor the decoder log's)"
+        return f"line 1: not the header of {KIT_GRID.name} ({HEADERS_NAMED})"
     if separators != shape * lines:
         records = data.split(b"\n")
         i = next(i for i, r in enumerate(records) if r.count(b",") != len(header) - 1)

@@ -165,3 +165,88 @@ def make_decoder_run(runs_dir: Path, n: int = 0, flags=TINY_DECODER, memory_byte
     (folder / "measurement.json").write_bytes(decoder_bytes(list(flags), memory_bytes))
     shutil.copyfile(H200 / "env.json", folder / "environment.json")
     return folder
+
+
+# ---------------------------------------------------------------- own-model runs, on the CPU
+
+# own_model.py measure run in this process with the CPU standing in for the GPU: the
+# protocol's rows with zero counters, the committed H200 environment, and no calibration
+# probe. No own-model run from a GPU is
+# committed yet; these stand in for one in the stage tests (the GPU tests measure real ones).
+WORKLOADS = ROOT / "pipeline" / "workloads"
+RESNET = ["--workload", f"{WORKLOADS / 'resnet_cnn.py'}:resnet", "--batch", "2"]
+RESNET += ["--dim", "image=16", "--dim", "width=8", "--dim", "stages=2"]
+DECODER_ADAMW = ["--workload", f"{WORKLOADS / 'decoder_training.py'}:decoder_adamw"]
+DECODER_ADAMW += ["--batch", "2", "--dim", "context=16", "--dim", "vocab=64"]
+
+
+def host_gpu():
+    """own_model.Gpu for a CPU: every counter reads zero."""
+    import time
+
+    import own_model
+    import torch
+    import trace_prediction
+
+    class Runtime:
+        OutOfMemoryError = torch.OutOfMemoryError
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.t = 0
+
+            def record(self) -> None:
+                self.t = time.perf_counter_ns()
+
+            def elapsed_time(self, other) -> float:
+                return (other.t - self.t) / 1e6
+
+        def synchronize(self, device=None) -> None:
+            pass
+
+        def memory_allocated(self, device=None) -> int:
+            return 0
+
+        memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+
+        def reset_peak_memory_stats(self, device=None) -> None:
+            pass
+
+    class HostGpu(own_model.Gpu):
+        def check(self, torch, index, text) -> None:
+            pass
+
+        def environment(self, *args) -> dict:
+            environment = json.loads((H200 / "env.json").read_bytes())["environment"]
+            environment["gpu"]["allocator_settings"] = dict(DEFAULT_ALLOCATOR)
+            return environment
+
+        def start(self, torch, index):
+            return torch.device("cpu")
+
+        def runtime(self, torch):
+            return Runtime()
+
+        def probe(self, torch, device, trace):
+            return trace_prediction.Calibration()
+
+    return HostGpu()
+
+
+def own_model_run(folder: Path, flags: list[str], gpu=None) -> int:
+    """own_model.py measure FLAGS into folder/measurement.json and environment.json, on the
+    CPU stand-in; its exit code."""
+    import own_model
+
+    argv = ["measure", "--device", "cuda:0", *flags, "--output", str(folder / "measurement.json")]
+    argv += ["--environment-output", str(folder / "environment.json")]
+    return own_model.main(argv, gpu=gpu or host_gpu())
+
+
+def make_own_model_run(runs_dir: Path, n: int = 0, flags=RESNET) -> Path:
+    """runs_dir/<run id>/ holding an own-model measurement made on the CPU stand-in."""
+    runs_dir.mkdir(exist_ok=True)
+    folder = runs_dir / run_id(n)
+    folder.mkdir()
+    assert own_model_run(folder, list(flags)) == 0
+    return folder
