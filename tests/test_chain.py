@@ -483,3 +483,147 @@ def test_on_a_gpu_an_8b_decoder_chain_at_batch_8_and_prompt_2048(tmp_path):
     result = run_script("chain.py", *argv, "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert run_script("validate.py", str(tmp_path)).returncode == 0
+
+
+# ------------------------------------------------------------------ your own model
+
+RESNET_SPEC = "pipeline/workloads/resnet_cnn.py:resnet"
+FAILING_WORKLOAD = (
+    "import torch\nfrom own_model import Workload\n\n"
+    "def broken(config):\n"
+    "    model = torch.nn.Linear(4, 4).to(config.device)\n"
+    "    def make_inputs():\n"
+    "        raise KeyError('no inputs')\n"
+    "    return Workload(model, make_inputs)\n"
+)
+
+
+def measure_own_model_on_the_cpu(monkeypatch):
+    """own_model.py measure, in this process with the CPU standing in for the GPU, from the
+    very arguments the chain hands the launcher."""
+    import own_model
+
+    scripts = []
+
+    def run_steps(runner, commands, script="mesure_memoire.py"):
+        scripts.append(script)
+        return [own_model.main(argv, gpu=runfixtures.host_gpu()) for argv in commands]
+
+    monkeypatch.setattr(chain, "run_steps", run_steps)
+    return scripts
+
+
+@needs_cpu_torch
+def test_an_own_model_chain_runs_own_model_py_and_records_an_own_model_row(tmp_path, monkeypatch):
+    scripts = measure_own_model_on_the_cpu(monkeypatch)
+    argv = ["--device", "cuda:0", "--workload", str(ROOT / RESNET_SPEC), "--batch", "2"]
+    argv += ["--dim", "image=16", "--dim", "width=8", "--runs-dir", str(tmp_path)]
+    assert chain.main(argv) == 0
+    assert scripts == ["own_model.py"]
+    [folder] = folders(tmp_path)
+    measurement = json.loads((folder / "measurement.json").read_bytes())
+    assert measurement["configuration"]["dims"]["width"] == 8
+    assert measurement["configuration"]["batch"] == 2
+    assert not (tmp_path / run_folders.LOG_NAME).exists()
+    assert not (tmp_path / "resultats-decoder.csv").exists()
+    parsed, problems = validate.parse_log(
+        (tmp_path / "resultats-own.csv").read_bytes(), validate.own_model_header()
+    )
+    assert problems == []
+    [(_, row)] = parsed
+    assert (row["run_id"], row["workload"], row["workload_file"]) == (
+        folder.name,
+        "own",
+        "resnet_cnn.py",
+    )
+    assert row["workload_dims"] == "image=16 width=8 stages=3 blocks=1 classes=10"
+
+
+@needs_cpu_torch
+def test_a_run_whose_workload_raised_keeps_its_file_exits_1_and_is_not_recorded(
+    tmp_path, monkeypatch, capsys
+):
+    measure_own_model_on_the_cpu(monkeypatch)
+    workload = tmp_path / "failing.py"
+    workload.write_text(FAILING_WORKLOAD, encoding="utf-8")
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    argv = ["--device", "cuda:0", "--workload", f"{workload}:broken", "--runs-dir", str(runs_dir)]
+    assert chain.main(argv) == 1
+    [folder] = folders(runs_dir)
+    assert sorted(p.name for p in runs_dir.iterdir()) == [folder.name]  # no log of any kind
+    assert sorted(p.name for p in folder.iterdir()) == ["environment.json", "measurement.json"]
+    measurement = json.loads((folder / "measurement.json").read_bytes())
+    assert measurement["status"] == "failed"
+    assert measurement["failure"]["exception_type"] == "KeyError"
+    err = capsys.readouterr().err
+    assert "KeyError: 'no inputs'" in err  # the user's traceback, shown
+    assert f"chain.py: measure exited 1: nothing recorded; {folder} keeps what was written" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--workload", "resnet"], "argument --workload: network, decoder or FILE.py:FUNCTION"),
+        (["--workload", "missing.py:resnet"], "--workload missing.py: no such file"),
+        (["--workload", "README.md:resnet"], "--workload README.md: not a Python file (.py)"),
+        (
+            ["--workload", "pipeline/workloads/resnet_cnn.py:vit"],
+            "--workload pipeline/workloads/resnet_cnn.py: no function vit at its top level",
+        ),
+        (
+            ["--workload", RESNET_SPEC, "--dim", "depth=3"],
+            "--dim depth: resnet declares no such dimension (image, width, stages, blocks, "
+            "classes)",
+        ),
+        (["--workload", RESNET_SPEC, "--dim", "width=8", "--dim", "width=9"], "--dim width: given"),
+        (["--workload", RESNET_SPEC, "--dim", "width=0"], "with a positive integer VALUE"),
+        (["--workload", RESNET_SPEC, "--context", "8"], "unrecognized arguments: --context 8"),
+        (["--workload", RESNET_SPEC, "--output", "x.json"], "the chain names its outputs"),
+    ],
+    ids=["name", "missing", "not-python", "function", "dim", "twice", "zero", "flag", "output"],
+)
+def test_bad_own_model_flags_stop_before_a_run_folder_exists(tmp_path, flags, message):
+    argv = ["--device", "cuda:0", *flags, "--runs-dir", str(tmp_path)]
+    result = run_script("chain.py", *argv, cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("chain.py: error: ")
+    assert message in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dimensions_a_source_does_not_state_plainly_are_left_to_the_measuring_process(
+    tmp_path,
+):
+    import own_model
+
+    path = tmp_path / "model.py"
+    path.write_text("def build(config, *, width=4, depth=2):\n    pass\n", encoding="utf-8")
+    file = own_model.read_workload_file(path, "build")
+    assert chain.declared_dimensions(file) == {"width": 4, "depth": 2}
+    path.write_text("SIZE = 4\n\ndef build(config, *, width=SIZE):\n    pass\n", encoding="utf-8")
+    file = own_model.read_workload_file(path, "build")
+    assert chain.declared_dimensions(file) is None
+    chain.check_measure_flags(["--dim", "SIZE=3"], f"{path}:build")  # not refused: the child says
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_an_own_model_chain_records_one_own_model_row(tmp_path):
+    argv = ["--device", "cuda:0", "--workload", RESNET_SPEC, "--dtype", "bfloat16"]
+    result = run_script("chain.py", *argv, "--batch", "32", "--runs-dir", str(tmp_path), cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    [folder] = folders(tmp_path)
+    assert run_script("validate.py", str(tmp_path)).returncode == 0
+    measurement = json.loads((folder / "measurement.json").read_bytes())
+    assert measurement["schema"] == "urn:iteragpu-lab:schema:own-model-measurement:v1"
+    assert measurement["environment"]["process_start"] == "fresh interpreter"
+    parsed, problems = validate.parse_log(
+        (tmp_path / "resultats-own.csv").read_bytes(), validate.own_model_header()
+    )
+    assert problems == []
+    [(_, row)] = parsed
+    assert row["largest_peak_reserved_bytes"] == str(
+        measurement["summary"]["largest_peak_reserved_bytes"]
+    )
+    assert row["prediction_status"] == measurement["prediction"]["status"]

@@ -303,3 +303,50 @@ def test_without_a_gpu_a_forked_decoder_measurement_refuses_in_one_line(tmp_path
         "the CPU\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- your own model's measurements
+
+
+def test_a_forked_child_runs_own_model_main_as_forked(monkeypatch):
+    """An own-model file's environment record says how its process started, as the others."""
+    import own_model
+
+    calls = []
+    monkeypatch.setattr(
+        own_model, "main", lambda argv, process_start: calls.append((argv, process_start)) or 1
+    )
+    parent, child = multiprocessing.Pipe()
+    parent.send(launcher.MEASURE)
+    parent.send(launcher.EXIT)
+    with pytest.raises(SystemExit) as exited:
+        launcher._forked_child(["measure", "--device", "cuda:0"], child, script="own_model.py")
+    assert exited.value.code == 1  # a workload that raised: its exit code, passed on
+    assert calls == [(["measure", "--device", "cuda:0"], launcher.FORKED)]
+    assert parent.recv() == launcher.READY
+    assert parent.recv() == 1
+
+
+@without_a_gpu
+def test_without_a_gpu_a_forked_own_model_measurement_refuses_in_one_line(tmp_path):
+    out = tmp_path / "measurement.json"
+    workload = str(ROOT / "pipeline" / "workloads" / "resnet_cnn.py") + ":resnet"
+    argv = ["measure", "--device", "cuda:0", "--workload", workload, "--output", str(out)]
+    result = launch(f"""
+        import launcher
+        runner = launcher.Launcher()
+        print(runner.mode)
+        print(runner.start({argv!r}, script="own_model.py").wait())
+        print("torch" in sys.modules)
+    """)
+    assert result.stdout.splitlines()[-3:] == [launcher.FORKED, "2", "False"], result.stderr
+    assert result.stderr == (
+        "own_model.py: error: no GPU is visible to PyTorch: measure needs one and never uses "
+        "the CPU\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_launcher_runs_only_the_measuring_scripts():
+    with pytest.raises(ValueError, match="runs mesure_memoire.py, decoder.py, own_model.py, not"):
+        launcher.Launcher(fork=False).start(["measure"], script="chain.py")
