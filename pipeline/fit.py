@@ -5,6 +5,7 @@
                                                 # (the seed network's or a decoder's)
     python3 pipeline/fit.py prediction.json --days 3        # from estimate --phases --json
     python3 pipeline/fit.py decoder-prediction.json --days 7  # from decoder.py estimate --json
+    python3 pipeline/fit.py own-prediction.json --days 7   # from own_model.py estimate --json
 
 One GPU holds a peak when the peak reserved by PyTorch's allocator plus the CUDA context fits
 in the total memory PyTorch reports for that GPU. Where runs in the runs directory (or the
@@ -88,6 +89,11 @@ def read_json_bytes(path: Path) -> tuple[dict, bytes]:
 
 
 DECODER = "urn:iteragpu-lab:schema:decoder-measurement:"
+OWN_MODEL = "urn:iteragpu-lab:schema:own-model-measurement:"
+PREDICTIONS = (
+    "mesure_memoire.py estimate --phases --json, decoder.py estimate --json, "
+    "own_model.py estimate --json"
+)
 
 
 def configuration_text(configuration: dict) -> str:
@@ -147,25 +153,80 @@ def decoder_prediction_need(document: dict, name: str) -> Need:
     )
 
 
+def own_model_text(document: dict) -> str:
+    """An own-model configuration: the file and function (never a path), what it runs, its
+    dimensions, then the batch and dtype."""
+    workload, configuration = document["workload"], document["configuration"]
+    dims = ", ".join(f"{k} {v}" for k, v in configuration["dims"].items())
+    mode = f"{workload['kind']}{'; ' + dims if dims else ''}"
+    return (
+        f"{workload['file']}:{workload['function']} ({mode}), batch {configuration['batch']}, "
+        f"dtype {configuration['dtype']}"
+    )
+
+
+def own_model_prediction_note(document: dict) -> str:
+    """What the traced prediction beside an own-model measurement is worth."""
+    prediction = document["summary"]["prediction"]
+    if prediction["status"] == "not predicted":
+        return "its traced prediction: not predicted (the trace could not follow the code)"
+    difference = prediction["largest_abs_difference_reserved_bytes"]
+    return (
+        f"its traced prediction: {prediction['status']}, off by up to {difference} bytes reserved"
+    )
+
+
+def own_model_prediction_need(document: dict, name: str) -> Need:
+    """`own_model.py estimate --json`: the traced counters; an approximate one says so, one
+    the trace could not follow gives no figure."""
+    prediction = document["prediction"]
+    if prediction["status"] == "not predicted":
+        why = prediction.get("reason", "the trace could not follow the code")
+        raise cli.UsageError(f"{name}: not predicted ({why}): no figure to fit; measure it instead")
+    notes = []
+    if prediction["status"] == "approximate":
+        unknown = ", ".join(entry["op"] for entry in prediction["unknown"])
+        notes.append(
+            "approximate: the peak leaves out what the calibration does not cover "
+            f"({unknown or 'see the file'}); measure it, or estimate with --calibration"
+        )
+    return Need(
+        peak_reserved_bytes=prediction["largest_peak_reserved_bytes"],
+        basis="prediction",
+        source=name,
+        what=own_model_text(document),
+        gpu_name=None,
+        notes=tuple(notes),
+    )
+
+
 def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
     document = read_json(path) if document is None else document
     schema = str(document.get("schema", ""))
     if schema.startswith(DECODER) and document.get("status") == "predicted":
         return decoder_prediction_need(document, name)
-    if not schema.startswith(("urn:iteragpu-lab:schema:measurement:", DECODER)):
+    if schema.startswith(OWN_MODEL) and document.get("status") == "predicted":
+        return own_model_prediction_need(document, name)
+    if not schema.startswith(("urn:iteragpu-lab:schema:measurement:", DECODER, OWN_MODEL)):
         raise cli.UsageError(f"{path}: not a measurement (schema {document.get('schema')!r})")
+    if document["status"] == "failed":
+        raise cli.UsageError(
+            f"{path}: the workload's own code raised {document['failure']['exception_type']}: "
+            "a failed run is not a measurement"
+        )
     if document["status"] != "completed":
         raise cli.UsageError(
             f"{path}: the run ended {document['status']}: its peak is what the GPU held when it "
-            "stopped, not what the configuration needs; fit a prediction instead "
-            "(mesure_memoire.py estimate --phases --json, decoder.py estimate --json)"
+            f"stopped, not what the configuration needs; fit a prediction instead ({PREDICTIONS})"
         )
+    own = schema.startswith(OWN_MODEL)
     return Need(
         peak_reserved_bytes=document["summary"]["largest_peak_reserved_bytes"],
         basis="measured",
         source=name,
-        what=configuration_text(document["configuration"]),
+        what=own_model_text(document) if own else configuration_text(document["configuration"]),
         gpu_name=document["environment"]["gpu"].get("name"),
+        notes=(own_model_prediction_note(document),) if own else (),
         record=(evidence_key(path), gpu_record(document)),
     )
 

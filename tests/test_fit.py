@@ -385,3 +385,78 @@ def test_an_out_of_memory_decoder_run_is_refused(tmp_path):
     result = run_script("fit.py", str(folder), "--days", "7", "--runs-dir", str(tmp_path))
     assert result.returncode == 2
     assert "the run ended out_of_memory: its peak is what the GPU held" in result.stderr
+
+
+# ---------------------------------------------------------------- your own model
+
+
+def fit_json(capsys, *argv: str) -> dict:
+    assert fit.main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_an_own_model_run_is_fitted_from_its_measured_peak_and_names_its_prediction(
+    tmp_path, capsys
+):
+    runfixtures = pytest.importorskip("runfixtures")
+    pytest.importorskip("torch")
+    folder = runfixtures.make_own_model_run(tmp_path / "runs", 1)
+    document = json.loads((folder / "measurement.json").read_bytes())
+    capsys.readouterr()
+    answer = fit_json(capsys, str(folder), "--days", "7", "--runs-dir", str(tmp_path / "runs"))
+    assert answer["peak_reserved_bytes"] == document["summary"]["largest_peak_reserved_bytes"]
+    assert answer["peak_basis"] == "measured"
+    assert answer["configuration"] == (
+        "resnet_cnn.py:resnet (inference; image 16, width 8, stages 2, blocks 1, classes 10), "
+        "batch 2, dtype float32"
+    )
+    assert answer["peak_measured_on_model"] == "h200"
+    difference = document["summary"]["prediction"]["largest_abs_difference_reserved_bytes"]
+    assert f"its traced prediction: approximate, off by up to {difference} bytes reserved" in (
+        answer["notes"]
+    )
+    assert str(tmp_path) not in json.dumps(answer)
+
+
+def test_an_own_model_prediction_that_is_approximate_says_so(tmp_path, capsys):
+    own_model = pytest.importorskip("own_model")
+    pytest.importorskip("torch")
+    spec = f"{ROOT / 'pipeline' / 'workloads' / 'resnet_cnn.py'}:resnet"
+    assert own_model.main(["estimate", "--workload", spec, "--batch", "2", "--json"]) == 0
+    prediction = tmp_path / "own-prediction.json"
+    prediction.write_text(capsys.readouterr().out)
+    document = json.loads(prediction.read_text())
+    answer = fit_json(capsys, str(prediction), "--days", "3", "--runs-dir", str(tmp_path))
+    assert answer["peak_basis"] == "prediction"
+    assert answer["peak_reserved_bytes"] == document["prediction"]["largest_peak_reserved_bytes"]
+    assert answer["peak_measured_on_model"] is None
+    [note] = answer["notes"]
+    assert note.startswith(
+        "approximate: the peak leaves out what the calibration does not cover (aten."
+    )
+    document["prediction"]["status"] = "not predicted"
+    document["prediction"]["reason"] = "the trace itself failed (RuntimeError): not predicted"
+    prediction.write_text(json.dumps(document))
+    assert fit.main([str(prediction), "--days", "3", "--runs-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "fit.py: error: own-prediction.json: not predicted (the trace itself failed "
+        "(RuntimeError): not predicted): no figure to fit; measure it instead\n"
+    )
+
+
+def test_a_failed_own_model_run_is_refused(tmp_path, capsys):
+    runfixtures = pytest.importorskip("runfixtures")
+    pytest.importorskip("torch")
+    workload = tmp_path / "failing.py"
+    workload.write_text(
+        "def broken(config):\n    raise KeyError('no model')\n", encoding="utf-8"
+    )
+    folder = tmp_path / "runs" / runfixtures.run_id(2)
+    folder.mkdir(parents=True)
+    assert runfixtures.own_model_run(folder, ["--workload", f"{workload}:broken"]) == 1
+    capsys.readouterr()
+    assert fit.main([str(folder), "--days", "7", "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err == (
+        f"fit.py: error: {folder / 'measurement.json'}: the workload's own code raised "
+        "KeyError: a failed run is not a measurement\n"
+    )
