@@ -321,8 +321,12 @@ def test_the_kit_grid_is_a_header_only_and_matches_the_row_schema():
     assert grid.endswith(b"\n")
     schema = json.loads((SCHEMAS / "results-row.schema.json").read_text(encoding="utf-8"))
     assert tuple(schema["required"]) == validate.kit_header()
-    # the decoder log's header: the kit's columns, then the decoder's, in the schema's order
-    assert list(schema["properties"]) == [*schema["required"], *validate.DECODER_COLUMNS]
+    # the decoder log's header: the kit's columns, then the decoder's, then the own model's
+    assert list(schema["properties"]) == [
+        *schema["required"],
+        *validate.DECODER_COLUMNS,
+        *validate.OWN_COLUMNS,
+    ]
 
 
 def test_rows_from_every_real_output_are_valid():
