@@ -31,7 +31,8 @@ import mesure_memoire
 
 PIPELINE = Path(__file__).resolve().parent
 SCRIPT = PIPELINE / "mesure_memoire.py"
-SCRIPTS = ("mesure_memoire.py", "decoder.py", "own_model.py")  # what a child may run: main(argv, process_start)
+# what a child may run: each has main(argv, process_start)
+SCRIPTS = ("mesure_memoire.py", "decoder.py", "own_model.py")
 FORKED = "forked from a server that had imported torch and never initialised CUDA"
 FRESH = mesure_memoire.FRESH_INTERPRETER
 HOLD_SECONDS = 5  # a child that has reported waits this long at most to be let go

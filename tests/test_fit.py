@@ -390,7 +390,8 @@ def test_an_out_of_memory_decoder_run_is_refused(tmp_path):
 # ---------------------------------------------------------------- your own model
 
 
-def fit_json(capsys, *argv: str) -> dict:
+def fit_answer(capsys, *argv: str) -> dict:
+    """fit.py --json in this process: its answer."""
     assert fit.main([*argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
@@ -403,7 +404,7 @@ def test_an_own_model_run_is_fitted_from_its_measured_peak_and_names_its_predict
     folder = runfixtures.make_own_model_run(tmp_path / "runs", 1)
     document = json.loads((folder / "measurement.json").read_bytes())
     capsys.readouterr()
-    answer = fit_json(capsys, str(folder), "--days", "7", "--runs-dir", str(tmp_path / "runs"))
+    answer = fit_answer(capsys, str(folder), "--days", "7", "--runs-dir", str(tmp_path / "runs"))
     assert answer["peak_reserved_bytes"] == document["summary"]["largest_peak_reserved_bytes"]
     assert answer["peak_basis"] == "measured"
     assert answer["configuration"] == (
@@ -412,8 +413,9 @@ def test_an_own_model_run_is_fitted_from_its_measured_peak_and_names_its_predict
     )
     assert answer["peak_measured_on_model"] == "h200"
     difference = document["summary"]["prediction"]["largest_abs_difference_reserved_bytes"]
-    assert f"its traced prediction: approximate, off by up to {difference} bytes reserved" in (
-        answer["notes"]
+    assert (
+        f"its traced prediction: approximate, off by up to {difference} bytes reserved"
+        in (answer["notes"])
     )
     assert str(tmp_path) not in json.dumps(answer)
 
@@ -426,7 +428,7 @@ def test_an_own_model_prediction_that_is_approximate_says_so(tmp_path, capsys):
     prediction = tmp_path / "own-prediction.json"
     prediction.write_text(capsys.readouterr().out)
     document = json.loads(prediction.read_text())
-    answer = fit_json(capsys, str(prediction), "--days", "3", "--runs-dir", str(tmp_path))
+    answer = fit_answer(capsys, str(prediction), "--days", "3", "--runs-dir", str(tmp_path))
     assert answer["peak_basis"] == "prediction"
     assert answer["peak_reserved_bytes"] == document["prediction"]["largest_peak_reserved_bytes"]
     assert answer["peak_measured_on_model"] is None
@@ -448,9 +450,7 @@ def test_a_failed_own_model_run_is_refused(tmp_path, capsys):
     runfixtures = pytest.importorskip("runfixtures")
     pytest.importorskip("torch")
     workload = tmp_path / "failing.py"
-    workload.write_text(
-        "def broken(config):\n    raise KeyError('no model')\n", encoding="utf-8"
-    )
+    workload.write_text("def broken(config):\n    raise KeyError('no model')\n", encoding="utf-8")
     folder = tmp_path / "runs" / runfixtures.run_id(2)
     folder.mkdir(parents=True)
     assert runfixtures.own_model_run(folder, ["--workload", f"{workload}:broken"]) == 1

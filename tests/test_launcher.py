@@ -348,5 +348,7 @@ def test_without_a_gpu_a_forked_own_model_measurement_refuses_in_one_line(tmp_pa
 
 
 def test_the_launcher_runs_only_the_measuring_scripts():
-    with pytest.raises(ValueError, match="runs mesure_memoire.py, decoder.py, own_model.py, not"):
+    with pytest.raises(
+        ValueError, match=r"runs mesure_memoire\.py, decoder\.py, own_model\.py, not chain\.py"
+    ):
         launcher.Launcher(fork=False).start(["measure"], script="chain.py")

@@ -144,8 +144,7 @@ def test_an_own_model_row_is_refused_by_a_log_without_its_columns(runs, tmp_path
     columns = validate.kit_header() if header == "kit" else validate.decoder_header()
     data = record.csv_line(columns) + record.csv_line(validate.as_header(old, columns).values())
     assert validate.append_refusal(data, row, REGISTRY, validate.Protocol()) == (
-        "line 1: a header without the own-model columns: an own-model row goes to an "
-        "own-model log"
+        "line 1: a header without the own-model columns: an own-model row goes to an own-model log"
     )
     log = tmp_path / OWN_LOG
     log.write_bytes(data)
