@@ -80,6 +80,18 @@ def identity_cells(run_id: str, measurement: dict) -> dict:
     }
 
 
+def evidence_cells(data: bytes, summary: dict, protocol_sha256: str) -> dict:
+    """The columns every log has after the workload's own: the peaks, what was measured
+    (the file's bytes, hashed as read) under which protocol, and the quality flags, empty."""
+    return {
+        "largest_peak_allocated_bytes": str(summary["largest_peak_allocated_bytes"]),
+        "largest_peak_reserved_bytes": str(summary["largest_peak_reserved_bytes"]),
+        "measurement_sha256": hashlib.sha256(data).hexdigest(),
+        "protocol_sha256": protocol_sha256,
+        **dict.fromkeys(validate.QUALITY, ""),
+    }
+
+
 def build_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str) -> dict:
     """The log's columns from a validated measurement.json (its bytes are hashed as read)."""
     configuration = measurement["configuration"]
@@ -93,11 +105,7 @@ def build_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str)
         row[f"{name}_wall_ns"] = str(first_rows[name]["wall_time_ns"]) if name in first_rows else ""
     row["warm_forward_median_wall_ns"] = median_text(summary["warm_forward_median_wall_time_ns"])
     row["warm_forward_median_event_ns"] = median_text(summary["warm_forward_median_event_time_ns"])
-    row["largest_peak_allocated_bytes"] = str(summary["largest_peak_allocated_bytes"])
-    row["largest_peak_reserved_bytes"] = str(summary["largest_peak_reserved_bytes"])
-    row["measurement_sha256"] = hashlib.sha256(data).hexdigest()
-    row["protocol_sha256"] = protocol_sha256
-    row.update(dict.fromkeys(validate.QUALITY, ""))
+    row.update(evidence_cells(data, summary, protocol_sha256))
     return row
 
 
@@ -141,11 +149,7 @@ def build_decoder_row(run_id: str, data: bytes, measurement: dict, protocol_sha2
         "warmup_wall_ns": wall("warmup"),
         "warm_forward_median_wall_ns": "",
         "warm_forward_median_event_ns": "",
-        "largest_peak_allocated_bytes": str(summary["largest_peak_allocated_bytes"]),
-        "largest_peak_reserved_bytes": str(summary["largest_peak_reserved_bytes"]),
-        "measurement_sha256": hashlib.sha256(data).hexdigest(),
-        "protocol_sha256": protocol_sha256,
-        **dict.fromkeys(validate.QUALITY, ""),
+        **evidence_cells(data, summary, protocol_sha256),
         "workload": "decoder",
         "preset": configuration["preset"] or "",
         **{name: str(shape[name]) for name in SHAPE},
@@ -195,11 +199,7 @@ def build_own_model_row(run_id: str, data: bytes, measurement: dict, protocol_sh
         "warmup_wall_ns": wall("warmup"),
         "warm_forward_median_wall_ns": "",
         "warm_forward_median_event_ns": "",
-        "largest_peak_allocated_bytes": str(summary["largest_peak_allocated_bytes"]),
-        "largest_peak_reserved_bytes": str(summary["largest_peak_reserved_bytes"]),
-        "measurement_sha256": hashlib.sha256(data).hexdigest(),
-        "protocol_sha256": protocol_sha256,
-        **dict.fromkeys(validate.QUALITY, ""),
+        **evidence_cells(data, summary, protocol_sha256),
         "workload": "own",
         **dict.fromkeys(validate.DECODER_COLUMNS[1:], ""),
         "largest_abs_difference_bytes": text(max(by_counter.values()) if by_counter else None),
