@@ -124,11 +124,37 @@ def phase_label(row: dict) -> str:
     return row["phase"] + (f" {row['repetition']}" if "repetition" in row else "")
 
 
+MOST_ROWS = 12  # more rows than this (a decoder's tokens, many warm steps) are folded
+
+
+def drawn_rows(phases: list[dict]) -> tuple[list[dict], bool]:
+    """The rows to draw: all of them, up to MOST_ROWS; beyond, each phase's first row, then,
+    for a phase of more rows, one bar of the others' largest value per counter (measured and
+    predicted apart), so that a decoder's 128 token rows do not make a picture 160 inches wide."""
+    if len(phases) <= MOST_ROWS:
+        return phases, False
+    groups: dict[str, list[dict]] = {}
+    for row in phases:
+        groups.setdefault(row["phase"], []).append(row)
+    drawn, folded = [], False
+    for name, rows in groups.items():
+        if len(rows) <= 2:
+            drawn += rows
+            continue
+        folded = True
+        rest = rows[1:]
+        largest = {key: max(r[key] for r in rest) for key in COUNTERS}
+        if all("predicted" in r for r in rest):
+            largest["predicted"] = {k: max(r["predicted"][k] for r in rest) for k in COUNTERS}
+        drawn += [rows[0], {"phase": f"{name} 2-{len(rows)}, largest", **largest}]
+    return drawn, folded
+
+
 def run_picture(source: Source):
     """Six bars per phase, never summed: allocated is part of reserved, the peaks are maxima."""
     plt = pyplot()
     document = source.document
-    phases = document["phases"]
+    phases, folded = drawn_rows(document["phases"])
     scale, unit_name = unit(max(row["peak_reserved_bytes"] for row in phases))
     figure, axes = plt.subplots(figsize=(max(8, 1.25 * len(phases) + 2), 6), layout="constrained")
     width = 0.13
@@ -152,20 +178,39 @@ def run_picture(source: Source):
             )
     axes.set_xticks(range(len(phases)), [phase_label(row) for row in phases], rotation=20)
     axes.set_ylabel(f"{unit_name}: PyTorch allocator, this process")
-    c = document["configuration"]
     status = (
         "" if document["status"] == "completed" else f" ({document['status'].replace('_', ' ')})"
     )
+    folded_text = (
+        f"\n{len(document['phases'])} rows: a phase of more than two, its first row and then the "
+        "largest of the others per counter"
+        if folded
+        else ""
+    )
     axes.set_title(
         f"Memory per phase{status}: {source.gpu_name or 'GPU not recorded'}\n"
-        f"run {source.name}: batch {c['batch']}, context {c['context']}, width {c['width']}, "
-        f"{c['dtype']}",
+        f"run {source.name}: {run_text(document)}{folded_text}",
         fontsize=10,
     )
     figure.legend(
         fontsize=8, ncol=2 if len(predicted_label) > 40 else 4, loc="outside lower center"
     )
     return figure
+
+
+def run_text(document: dict) -> str:
+    """The configuration in the workload's own terms: the seed network's, a decoder's, or
+    the user's model (its file, function and declared dimensions)."""
+    c = document["configuration"]
+    workload = document.get("workload")
+    if isinstance(workload, dict) and "function" in workload:
+        dims = ", ".join(f"{k} {v}" for k, v in sorted(c.get("dims", {}).items()))
+        return f"{workload['file']}:{workload['function']}, batch {c['batch']}, " + (
+            f"{dims}, {c['dtype']}" if dims else c["dtype"]
+        )
+    if "shape" in c:
+        return fit.configuration_text(c)
+    return f"batch {c['batch']}, context {c['context']}, width {c['width']}, {c['dtype']}"
 
 
 def usable_line(source: Source, records: list[fit.Record]) -> tuple[int, str] | None:

@@ -368,3 +368,54 @@ def test_the_gpu_line_is_drawn_while_the_peaks_keep_two_fifths_of_the_axis(tmp_p
     ) in labels
     assert not [t for t in texts(figure) if t.startswith("far above this scale")]
     assert axes.get_ylim()[1] > H200_USABLE / 2**30  # the axis reaches the line
+
+
+DECODER_SWEEP = RUNS / "20261203T094114Z-decoder-sweep"
+
+
+def test_a_decoder_run_draws_each_phase_once_and_its_token_rows_as_their_largest():
+    """The H200's llama-3.1-8b batch-8 run has 126 decode rows: the picture shows decode 1,
+    then one bar per counter of the largest over the other 125, measured and predicted."""
+    folder = DECODER_SWEEP / "20261203T094114Z-588a67"
+    document = json.loads((folder / "measurement.json").read_bytes())
+    figure = report.run_picture(report.read_source(folder))
+    [axes] = figure.axes
+    labels = [t.get_text() for t in axes.get_xticklabels()]
+    assert labels == [
+        "model_load", "inputs_and_cache", "prefill", "warmup", "decode 1", "decode 2-126, largest"
+    ]  # fmt: skip
+    decode = [row for row in document["phases"] if row["phase"] == "decode"][1:]
+    peak_reserved_bars = axes.containers[5]  # the sixth counter: peak reserved
+    assert peak_reserved_bars[5].get_height() * report.GIB == pytest.approx(
+        max(row["peak_reserved_bytes"] for row in decode), abs=1
+    )
+    assert axes.get_title().splitlines()[1] == (
+        "run 20261203T094114Z-588a67: llama-3.1-8b, batch 8, prompt 2048, new_tokens 128, "
+        "dtype bfloat16"
+    )
+
+
+def test_folded_rows_keep_the_largest_of_each_counter_on_each_side():
+    values = [5, 2, 9, 7] + [1] * 10
+    rows = [{"phase": "warm_step", **dict.fromkeys(report.COUNTERS, n)} for n in values]
+    for n, row in enumerate(rows):
+        row["predicted"] = dict.fromkeys(report.COUNTERS, 100 + (n % 3))
+    cold = {**rows[0], "phase": "cold_step"}
+    drawn, folded = report.drawn_rows([cold, *rows])
+    assert folded
+    assert [r["phase"] for r in drawn] == ["cold_step", "warm_step", "warm_step 2-14, largest"]
+    assert drawn[1] is rows[0]
+    assert {drawn[2][key] for key in report.COUNTERS} == {9}  # row 3's: not row 1's, nor 2's
+    assert set(drawn[2]["predicted"].values()) == {102}  # row 3's prediction, not row 2's
+    assert report.drawn_rows(rows[:12]) == (rows[:12], False)  # up to 12 rows: all drawn
+
+
+def test_an_own_model_run_is_titled_by_its_file_function_and_dimensions(tmp_path):
+    import runfixtures
+
+    folder = runfixtures.make_own_model_run(tmp_path / "runs")
+    figure = report.run_picture(report.read_source(folder))
+    assert figure.axes[0].get_title().splitlines()[1] == (
+        f"run {folder.name}: resnet_cnn.py:resnet, batch 2, blocks 1, classes 10, image 16, "
+        "stages 2, width 8, float32"
+    )

@@ -1,7 +1,7 @@
 """Every allocation and free of the decoder on a real GPU, beside the predictor's, to calibrate.
 
     python3 tests/benchmarks/decoder_trace.py --device cuda:0 --output-dir DIR \
-        [--calibration FILE] [--only NAME]
+        [--calibration FILE] [--only NAME,...] [--dtypes D,...]
 
 For each small configuration and dtype (bfloat16, float16, float32), a fresh process runs
 the phases exactly as `decoder.py measure` does (mesure_memoire.run_phase, the same model
@@ -54,6 +54,18 @@ CONFIGURATIONS = {
     "gqa8-b3-p1": (decoder.Shape(1, 512, 8, 1, 64, 1000, 32000), 3, 1, 4),
     "gqa3-w384-b1-p100": (decoder.Shape(2, 384, 6, 2, 64, 1000, 50000), 1, 100, 3),
     "gqa4-v128256-b4-p300": (decoder.Shape(1, 512, 8, 2, 64, 1024, 128256), 4, 300, 3),
+    # Long keys with few (batch x heads) rows: the decode kernel may split the keys and keep
+    # partial results in a workspace. The first two are decoder_grid points.
+    "gqa4-w4096-b1-p2048": (decoder.Shape(1, 4096, 32, 8, 128, 14336, 128256), 1, 2048, 4),
+    "mha-w1024-b2-p4096": (decoder.Shape(2, 1024, 8, 8, 128, 4096, 32768), 2, 4096, 4),
+    "gqa4-w1024-b1-p3000": (decoder.Shape(1, 1024, 16, 4, 64, 2048, 1000), 1, 3000, 6),
+    "gqa2-w2048-b4-p2500": (decoder.Shape(1, 2048, 16, 8, 128, 4096, 1000), 4, 2500, 6),
+    "mqa-w512-b1-p1500": (decoder.Shape(1, 512, 4, 1, 128, 1024, 1000), 1, 1500, 8),
+    "gqa4-w4096-b4-p2048": (decoder.Shape(1, 4096, 32, 8, 128, 4096, 1000), 4, 2048, 4),
+    "gqa4-w4096-b5-p2048": (decoder.Shape(1, 4096, 32, 8, 128, 4096, 1000), 5, 2048, 4),
+    # float32 points of decoder_grid: one head per key head (mha) and grouped (gqa3)
+    "mha-w256-b1-p16": (decoder.Shape(1, 256, 4, 4, 64, 512, 1000), 1, 16, 4),
+    "gqa3-l2-w384-b1-p100": (decoder.Shape(2, 384, 6, 2, 64, 1000, 50000), 1, 100, 6),
 }
 FIT_TERMS = (
     "batch", "rows", "features", "query_length", "key_length", "heads", "kv_heads",
@@ -523,12 +535,29 @@ def report_comparisons(results: dict, calibration, output_dir: Path, write: bool
     return summary
 
 
+def names_of(text: str) -> list[str]:
+    names = text.split(",")
+    if unknown := [n for n in names if n not in CONFIGURATIONS]:
+        raise argparse.ArgumentTypeError(f"no configuration named {', '.join(unknown)}")
+    return names
+
+
+def dtypes_of(text: str) -> tuple[str, ...]:
+    dtypes = tuple(text.split(","))
+    if unknown := [d for d in dtypes if d not in DTYPES]:
+        raise argparse.ArgumentTypeError(f"no dtype {', '.join(unknown)} (one of {DTYPES})")
+    return dtypes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--output-dir", type=Path, help="a new folder (required)")
     parser.add_argument("--calibration", type=Path)
-    parser.add_argument("--only", choices=sorted(CONFIGURATIONS))
+    parser.add_argument(
+        "--only", type=names_of, help=f"comma-separated names among {', '.join(CONFIGURATIONS)}"
+    )
+    parser.add_argument("--dtypes", type=dtypes_of, default=DTYPES, help="comma-separated")
     parser.add_argument(
         "--from-trace",
         type=Path,
@@ -578,9 +607,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_children(args) -> tuple[dict[str, dict], dict[str, dict]]:
     """One fresh process per configuration and dtype on the GPU: its raw events, and the
     children that failed (each a summary entry, never exact)."""
-    names = [args.only] if args.only else list(CONFIGURATIONS)
+    names = args.only or list(CONFIGURATIONS)
     results, failures = {}, {}
-    for dtype, name in itertools.product(DTYPES, names):
+    for dtype, name in itertools.product(args.dtypes, names):
         key = f"{dtype}-{name}"
         raw = args.output_dir / f"{key}.gpu.json"
         command = [sys.executable, __file__, "--device", args.device, "--child", name, dtype]
