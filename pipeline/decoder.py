@@ -210,7 +210,8 @@ class CalibrationError(cli.UsageError):
 
 def evaluate(formula, terms: dict, where: str) -> int:
     """A block size: an integer, a term's name, or {"product" | "sum" | "max" | "min":
-    [formulas]}, {"ceil_div" | "round_up": [a, b]}."""
+    [formulas]}, {"ceil_div" | "floor_div" | "round_up": [a, b]}, {"floor_pow2": [a]} (the
+    largest power of two not above a; 0 below 1: a kernel's split count)."""
     if isinstance(formula, int) and not isinstance(formula, bool):
         return formula
     if isinstance(formula, str):
@@ -227,6 +228,10 @@ def evaluate(formula, terms: dict, where: str) -> int:
             if operator in ("ceil_div", "round_up") and len(values) == 2 and values[1] > 0:
                 quotient = -(-values[0] // values[1])
                 return quotient if operator == "ceil_div" else quotient * values[1]
+            if operator == "floor_div" and len(values) == 2 and values[1] > 0:
+                return values[0] // values[1]
+            if operator == "floor_pow2" and len(values) == 1:
+                return 1 << (values[0].bit_length() - 1) if values[0] >= 1 else 0
     raise CalibrationError(f"{where}: not a formula: {json.dumps(formula)}")
 
 
@@ -314,8 +319,9 @@ def recorded_path(path: Path) -> str:
 
 
 def find_calibration(gpu_name: str | None, torch_version: str | None) -> Calibration | None:
-    """The committed calibration for this GPU model and PyTorch version, if there is one."""
-    for path in sorted(CALIBRATIONS.glob("*/decoder-calibration.json")):
+    """The newest committed calibration for this GPU model and PyTorch version, if any (run
+    folders are named by time: a later one replaces an earlier one)."""
+    for path in sorted(CALIBRATIONS.glob("*/decoder-calibration.json"), reverse=True):
         calibration = Calibration.load(path)
         if calibration.gpu.get("name") == gpu_name and (
             calibration.document.get("torch") == torch_version
@@ -537,6 +543,7 @@ class Mirror:
             "key_length": keys,
             "causal": int(tokens > 1),
             "groups": self.shape.heads // self.shape.kv_heads,
+            "kv_rows": self.run["batch"] * self.shape.kv_heads,  # one key head of one sequence
         }
 
     def backend(self, call: dict) -> str:
