@@ -28,7 +28,6 @@ record.py). What it guarantees:
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from pathlib import Path
 
@@ -65,26 +64,10 @@ def workload_flags(workload: str) -> list[str]:
     return [] if workload in WORKLOADS else ["--workload", workload]
 
 
-def declared_dimensions(file: own_model.WorkloadFile) -> dict[str, int] | None:
-    """The function's keyword-only integer defaults, read from its source; None when the
-    source does not state them plainly (imported, or computed defaults): the measuring
-    process, which imports the file, then checks them."""
-    for node in ast.parse(file.source).body:
-        if isinstance(node, ast.FunctionDef) and node.name == file.function:
-            declared = {}
-            for arg, default in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True):
-                value = getattr(default, "value", None)
-                if type(value) is not int:
-                    return None
-                declared[arg.arg] = value
-            return declared
-    return None
-
-
 def check_own_model_flags(argv: list[str]) -> None:
     args = own_model.build_parser().parse_args(argv)
     file = own_model.read_workload_file(*args.workload)
-    declared = declared_dimensions(file)
+    declared = own_model.declared_dimensions(file)
     if declared is not None:
         own_model.resolve_dimensions(file.function, declared, args.dim)
 

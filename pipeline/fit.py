@@ -107,6 +107,11 @@ def configuration_text(configuration: dict) -> str:
         return f"{model}, " + ", ".join(
             f"{k} {configuration[k]}" for k in keys if k in configuration
         )
+    if "function" in configuration:  # a workload file's sweep point: its dimensions by name
+        keys = ("batch", *configuration["dimensions"], "dtype")
+        return f"{configuration['file']}:{configuration['function']}, " + ", ".join(
+            f"{k} {configuration[k]}" for k in keys if k in configuration
+        )
     keys = ("batch", "context", "width", "dtype")
     return ", ".join(f"{k} {configuration[k]}" for k in keys if k in configuration)
 

@@ -223,6 +223,22 @@ def workload_function(module, file: WorkloadFile) -> tuple[Callable, dict[str, i
     return function, declared
 
 
+def declared_dimensions(file: WorkloadFile) -> dict[str, int] | None:
+    """The function's keyword-only integer defaults, read from its source without running it;
+    None when the source does not state them plainly (imported, or computed defaults): the
+    measuring process, which imports the file, then checks them."""
+    for node in ast.parse(file.source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == file.function:
+            declared = {}
+            for arg, default in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True):
+                value = getattr(default, "value", None)
+                if type(value) is not int:
+                    return None
+                declared[arg.arg] = value
+            return declared
+    return None
+
+
 def resolve_dimensions(function: str, declared: dict, given: list[tuple[str, int]]) -> dict:
     dims = dict(declared)
     seen = set()
@@ -943,6 +959,29 @@ def print_estimate(document: dict) -> None:
 # ---------------------------------------------------------------- command line
 
 
+def add_configuration(parser) -> None:
+    """The run's settings and the workload's dimensions (sweep.py takes the same options)."""
+    parser.add_argument(
+        "--dtype", choices=sorted(mesure_memoire.DTYPE_BYTES), default=DEFAULTS["dtype"]
+    )
+    for name in ("batch", "warmup", "repeats"):
+        parser.add_argument(
+            f"--{name}",
+            type=mesure_memoire.positive_int,
+            default=DEFAULTS[name],
+            help=f"(default {DEFAULTS[name]})",
+        )
+    parser.add_argument("--seed", type=mesure_memoire.non_negative_int, default=0)
+    parser.add_argument(
+        "--dim",
+        type=dimension_argument,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one of the function's declared dimensions (keyword-only parameters)",
+    )
+
+
 def build_parser() -> cli.Parser:
     parser = cli.Parser(prog="own_model.py", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
@@ -956,25 +995,7 @@ def build_parser() -> cli.Parser:
             metavar="FILE.py:FUNCTION",
             help="the file and the function that returns a Workload",
         )
-        p.add_argument(
-            "--dtype", choices=sorted(mesure_memoire.DTYPE_BYTES), default=DEFAULTS["dtype"]
-        )
-        for name in ("batch", "warmup", "repeats"):
-            p.add_argument(
-                f"--{name}",
-                type=mesure_memoire.positive_int,
-                default=DEFAULTS[name],
-                help=f"(default {DEFAULTS[name]})",
-            )
-        p.add_argument("--seed", type=mesure_memoire.non_negative_int, default=0)
-        p.add_argument(
-            "--dim",
-            type=dimension_argument,
-            action="append",
-            default=[],
-            metavar="NAME=VALUE",
-            help="one of the function's declared dimensions (keyword-only parameters)",
-        )
+        add_configuration(p)
     measure_parser.add_argument("--device", required=True, type=cli.device, help="cuda or cuda:N")
     measure_parser.add_argument("--output", required=True, help="a new JSON file")
     measure_parser.add_argument("--environment-output", help="also the environment, a new file")

@@ -20,6 +20,7 @@ import datetime
 import hashlib
 import io
 import json
+import math
 import os
 import textwrap
 from dataclasses import dataclass, field
@@ -287,6 +288,8 @@ def draw_catalogue(axes, lines: list[dict], scale: int, top: float) -> float:
 def fixed_text(sweep: dict) -> str:
     """What the sweep held fixed, in the workload's terms."""
     base, vary = sweep["plan"]["base"], sweep["plan"]["vary"]
+    if sweep["plan"].get("workload") == "own":
+        return fit.configuration_text({k: v for k, v in base.items() if k != vary})
     if sweep["plan"].get("workload") == "decoder":
         model = base["preset"] or fit.configuration_text({"shape": base["shape"], "preset": None})
         keys = ("batch", "prompt", "new_tokens", "dtype")
@@ -327,7 +330,7 @@ def sweep_picture(source: Source, records: list[fit.Record], lines: list[dict] |
     ):
         axes.plot(
             x_done,
-            [p[key] / scale for p in done],
+            [math.nan if p[key] is None else p[key] / scale for p in done],  # None: not predicted
             marker,
             color="black",
             markersize=9,

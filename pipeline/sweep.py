@@ -35,6 +35,7 @@ import cli
 import decoder
 import launcher
 import mesure_memoire
+import own_model
 import record
 import run_folders
 import validate
@@ -43,6 +44,9 @@ import yaml
 DIMENSIONS = ("batch", "context", "width")
 DECODER_DIMENSIONS = ("batch", "prompt", "new_tokens")
 WORKLOADS = {"network": launcher.SCRIPT.name, "decoder": "decoder.py"}  # what measures a point
+OWN = "own"  # a user's FILE.py:FUNCTION, measured by own_model.py
+OWN_SETTINGS = ("batch", "dtype", "warmup", "repeats", "seed")  # besides its declared dimensions
+OWN_RECORD = ("file", "sha256", "function", "dimensions")  # what a plan says of the workload
 SIZES = tuple(mesure_memoire.CONFIGURATION_DEFAULTS)
 HARD_CAP = 64  # --until-oom on a card larger than any today still stops
 INTERRUPTED = "it was interrupted (Ctrl-C): every point listed is a whole run"
@@ -61,19 +65,33 @@ def fraction(text: str) -> float:
     return float(text)
 
 
+def workload_argument(text: str) -> str:
+    if text in WORKLOADS or ":" in text:  # own_model.py's parser checks FILE.py:FUNCTION
+        return text
+    raise argparse.ArgumentTypeError(f"network, decoder or FILE.py:FUNCTION, got {text!r}")
+
+
+def kind_of(workload: str) -> str:
+    return workload if workload in WORKLOADS else OWN
+
+
 def build_parser(workload: str = "network") -> argparse.ArgumentParser:
     """The sweep's own options, then the configuration options of the workload's `measure`."""
     parser = cli.Parser(prog="sweep.py", description=__doc__.splitlines()[0])
     parser.add_argument("--device", required=True, help="cuda or cuda:N")
     parser.add_argument(
         "--workload",
-        choices=sorted(WORKLOADS),
+        type=workload_argument,
         default="network",
-        help="network: the seed's synthetic network (default); decoder: decoder.py's model",
+        help="network: the seed's synthetic network (default); decoder: decoder.py's model; "
+        "FILE.py:FUNCTION: your own model (own_model.py)",
     )
     parser.add_argument("--plan", help="a YAML plan under data/plans/ (instead of the flags)")
-    dimensions = DIMENSIONS if workload == "network" else DECODER_DIMENSIONS
-    parser.add_argument("--vary", choices=[d.replace("_", "-") for d in dimensions])
+    if kind_of(workload) == OWN:  # batch or a dimension the function declares: checked later
+        parser.add_argument("--vary", metavar="batch|DIMENSION")
+    else:
+        dimensions = DIMENSIONS if workload == "network" else DECODER_DIMENSIONS
+        parser.add_argument("--vary", choices=[d.replace("_", "-") for d in dimensions])
     parser.add_argument("--start", type=mesure_memoire.positive_int)
     parser.add_argument("--factor", type=factor, help="next = ceil(current x factor)")
     bound = parser.add_mutually_exclusive_group()
@@ -87,9 +105,11 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
     base = "the base configuration (the varied one starts at --start)"
     if workload == "network":
         mesure_memoire.add_configuration(parser.add_argument_group(base))
-    else:
+    elif workload == "decoder":
         decoder.add_shape(parser)
         decoder.add_run(parser.add_argument_group(base))
+    else:
+        own_model.add_configuration(parser.add_argument_group(base))
     parser.add_argument("--runs-dir", default=str(run_folders.RUNS), help=argparse.SUPPRESS)
     parser.add_argument("--no-fork", action="store_true", help="fresh interpreters instead")
     return parser
@@ -98,11 +118,11 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The workload first, as it decides which configuration options exist."""
     peek = cli.Parser(prog="sweep.py", add_help=False, allow_abbrev=False)
-    peek.add_argument("--workload", choices=sorted(WORKLOADS), default="network")
-    workload = peek.parse_known_args(argv)[0].workload
+    peek.add_argument("--workload", type=workload_argument, default="network")
+    workload = kind_of(peek.parse_known_args(argv)[0].workload)
     args = build_parser(workload).parse_args(argv)
-    if args.workload != workload:  # named by an abbreviation only the full parser takes
-        args = build_parser(args.workload).parse_args(argv)
+    if kind_of(args.workload) != workload:  # named by an abbreviation only the full parser takes
+        args = build_parser(kind_of(args.workload)).parse_args(argv)
     return args
 
 
@@ -181,7 +201,47 @@ def decoder_predicted_peak(configuration: dict, environment: dict) -> int:
     return max(row["peak_reserved_bytes"] for row in rows)
 
 
+# ---------------------------------------------------------------- your own model's points
+
+
+def own_base(args: argparse.Namespace, vary: str) -> tuple[dict, Path]:
+    """The plan's base for a workload file: what it is (its file name and SHA-256, never the
+    path given), its settings and each declared dimension, flat so that any of them can vary;
+    and the path, kept for the points' command lines only. Checked as own_model.py checks it,
+    without importing the file (the sweep never imports torch)."""
+    path, function = own_model.workload_argument(args.workload)
+    file = own_model.read_workload_file(path, function)
+    declared = own_model.declared_dimensions(file)
+    if declared is None:
+        raise cli.UsageError(
+            f"--workload {path}: {function}'s dimensions must be keyword-only parameters with "
+            "integer literals as defaults for a sweep to vary them"
+        )
+    dims = own_model.resolve_dimensions(function, declared, args.dim)
+    if taken := [name for name in dims if name in OWN_SETTINGS + OWN_RECORD]:
+        raise cli.UsageError(f"--workload {path}: a dimension named {taken[0]} cannot be swept")
+    if vary not in ("batch", *dims):
+        known = ", ".join(["batch", *dims])
+        raise cli.UsageError(f"--vary {vary}: {function} has no such dimension ({known})")
+    base = {"file": path.name, "sha256": file.sha256, "function": function}
+    base["dimensions"] = sorted(dims)
+    base.update({name: getattr(args, name) for name in OWN_SETTINGS}, **dims)
+    return base, path
+
+
+def own_flags(configuration: dict, path: Path) -> list[str]:
+    """The `own_model.py measure` options of one point."""
+    flags = ["--workload", f"{path}:{configuration['function']}"]
+    for name in OWN_SETTINGS:
+        flags += [f"--{name}", str(configuration[name])]
+    for name in configuration["dimensions"]:
+        flags += ["--dim", f"{name}={configuration[name]}"]
+    return flags
+
+
 def plan_from(args: argparse.Namespace, registry) -> dict:
+    if args.plan and kind_of(args.workload) == OWN:
+        raise cli.UsageError("--plan: a workload file is swept with --vary, --start and --factor")
     if args.plan:
         plan = load_plan(args.plan, registry)
         if plan["workload"] != args.workload:
@@ -204,11 +264,19 @@ def plan_from(args: argparse.Namespace, registry) -> dict:
     if args.workload == "decoder":
         base = decoder_base(args)
         decoder_args(args.device, dict(base, **{vary: args.start}))  # the first point's checks
+    elif kind_of(args.workload) == OWN:
+        if args.memory_fraction:
+            raise cli.UsageError(
+                "--memory-fraction: a workload file is predicted in the point's own process, "
+                "not before it starts: give --until-oom or --max-steps K"
+            )
+        vary = args.vary  # a dimension's own name, as the function declares it
+        base, _ = own_base(args, vary)
     else:
         base = {name: getattr(args, name) for name in SIZES}
     return {
         "schema": "urn:iteragpu-lab:schema:sweep-plan:v1",
-        "workload": args.workload,
+        "workload": kind_of(args.workload),
         "vary": vary,
         "start": args.start,
         "factor": args.factor,
@@ -272,17 +340,21 @@ class Point:
     """One point: a fresh measurement process writing into a hidden folder, renamed to
     <runs>/<id>/ once whole, so that no folder named by a run id is ever half written."""
 
-    def __init__(self, runs_dir: Path, device: str, configuration: dict, workload: str) -> None:
+    def __init__(
+        self, runs_dir: Path, device: str, configuration: dict, workload: str, path=None
+    ) -> None:
         self.run_id = run_folders.new_run_id()
         self.folder = runs_dir / f".{self.run_id}.partial"
         output = str(self.folder / "measurement.json")
         self.argv = ["measure", "--device", device, "--output", output]
         if workload == "decoder":
             self.argv += decoder_flags(configuration)
+        elif workload == OWN:
+            self.argv += own_flags(configuration, path)
         else:
             for name in SIZES:
                 self.argv += [f"--{name}", str(configuration[name])]
-        self.script = WORKLOADS[workload]
+        self.script = WORKLOADS.get(workload, "own_model.py")
         self.child: launcher.Child | None = None
 
     @property
@@ -370,6 +442,9 @@ def summarise_point(folder: Path, configuration: dict, seconds: float) -> dict:
     document = json.loads((folder / "measurement.json").read_text())
     phases = document["phases"]
     calibration = document.get("calibration", {})
+    predicted = [row.get("predicted") for row in phases]
+    if not all(predicted):  # a workload file the trace could not follow: no figure, not 0
+        predicted = None
     return {
         "run": folder.name,
         "configuration": dict(configuration),
@@ -377,12 +452,12 @@ def summarise_point(folder: Path, configuration: dict, seconds: float) -> dict:
         "wall_seconds": round(seconds, 3),
         "peak_allocated_bytes": document["summary"]["largest_peak_allocated_bytes"],
         "peak_reserved_bytes": document["summary"]["largest_peak_reserved_bytes"],
-        "predicted_peak_allocated_bytes": max(
-            (row["predicted"]["peak_allocated_bytes"] for row in phases), default=0
-        ),
-        "predicted_peak_reserved_bytes": max(
-            (row["predicted"]["peak_reserved_bytes"] for row in phases), default=0
-        ),
+        "predicted_peak_allocated_bytes": None
+        if predicted is None
+        else max((row["peak_allocated_bytes"] for row in predicted), default=0),
+        "predicted_peak_reserved_bytes": None
+        if predicted is None
+        else max((row["peak_reserved_bytes"] for row in predicted), default=0),
         "largest_abs_difference_allocated_bytes": document["summary"]["prediction"][
             "largest_abs_difference_allocated_bytes"
         ],
@@ -425,10 +500,13 @@ def run_sweep(args: argparse.Namespace) -> int:
         if runner.mode == launcher.FORKED
         else "every point loads PyTorch in a fresh interpreter"
     )
-    what = ""
+    what, path = "", None
+    base = plan["base"]
     if workload == "decoder":
-        base = plan["base"]
         what = f" (decoder {base['preset'] or 'of the given shape'}, {base['dtype']})"
+    elif workload == OWN:
+        what = f" ({base['file']}:{base['function']}, {base['dtype']})"
+        path = own_model.workload_argument(args.workload)[0]
     print(f"sweep of {vary} on {device}{what}: {loading}...", flush=True)
     sweep_dir = runs_dir / f"{run_folders.new_run_id()}-sweep"
     configuration = dict(plan["base"], **{vary: plan["start"]})
@@ -441,7 +519,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             reason = predicted_too_large(plan, configuration, points, runs_dir)
             if reason:
                 break
-            running = Point(runs_dir, device, configuration, workload)
+            running = Point(runs_dir, device, configuration, workload, path)
             running.start(runner, after=measured)
             if measured is not None:  # recorded while the new point measures
                 reason, measured = record_point(measured, points), None

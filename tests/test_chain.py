@@ -601,10 +601,10 @@ def test_dimensions_a_source_does_not_state_plainly_are_left_to_the_measuring_pr
     path = tmp_path / "model.py"
     path.write_text("def build(config, *, width=4, depth=2):\n    pass\n", encoding="utf-8")
     file = own_model.read_workload_file(path, "build")
-    assert chain.declared_dimensions(file) == {"width": 4, "depth": 2}
+    assert own_model.declared_dimensions(file) == {"width": 4, "depth": 2}
     path.write_text("SIZE = 4\n\ndef build(config, *, width=SIZE):\n    pass\n", encoding="utf-8")
     file = own_model.read_workload_file(path, "build")
-    assert chain.declared_dimensions(file) is None
+    assert own_model.declared_dimensions(file) is None
     chain.check_measure_flags(["--dim", "SIZE=3"], f"{path}:build")  # not refused: the child says
 
 

@@ -1,0 +1,217 @@
+"""Sweeps of your own model: `sweep.py --workload FILE.py:FUNCTION --vary batch|DIMENSION`,
+each point `own_model.py measure` through the launcher. On the CPU the points run in this
+process with the CPU standing in for the GPU (runfixtures.host_gpu: zero counters) and a
+workload that raises PyTorch's out-of-memory error past a batch, as a full GPU would; the GPU
+test at the end sweeps a real example to out of memory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import redirect_stdout
+from io import StringIO
+from pathlib import Path
+
+import pytest
+import runfixtures
+import sweep
+import validate
+from conftest import ROOT, run_script
+
+REGISTRY = validate.load_registry()
+FULL_AT = 16  # the stand-in GPU "runs out of memory" at this batch
+WORKLOAD = f"""import torch
+from own_model import Workload
+
+
+def mlp(config, *, width=8, depth=2):
+    layers = [torch.nn.Linear(width, width) for _ in range(depth)]
+    model = torch.nn.Sequential(*layers).to(config.device, config.dtype)
+
+    def make_inputs():
+        if config.batch * width >= {FULL_AT} * 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return torch.zeros(config.batch, width, device=config.device, dtype=config.dtype)
+
+    return Workload(model, make_inputs)
+"""
+
+
+class Finished:
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def result(self) -> int:
+        return self.code
+
+    def wait(self) -> int:
+        return self.code
+
+
+class InProcess:
+    """Stands in for the launcher: each point is own_model.main in this process on the CPU."""
+
+    mode = sweep.launcher.FORKED
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, list[str]]] = []
+
+    def start(self, argv, after=None, script="mesure_memoire.py"):
+        import own_model
+
+        self.started.append((script, list(argv)))
+        with redirect_stdout(StringIO()):
+            return Finished(own_model.main(list(argv), gpu=runfixtures.host_gpu()))
+
+
+def own_sweep(runs_dir: Path, argv: list[str]):
+    runner = InProcess()
+    out = StringIO()
+    with pytest.MonkeyPatch.context() as patch, redirect_stdout(out):
+        patch.setattr(sweep.launcher, "Launcher", lambda fork=True: runner)
+        code = sweep.main(["--device", "cuda:0", *argv, "--runs-dir", str(runs_dir)])
+    summaries = list(runs_dir.glob("*-sweep/sweep.json"))
+    document = json.loads(summaries[0].read_text()) if summaries else None
+    return code, runner, document, out.getvalue().splitlines()
+
+
+@pytest.fixture
+def workload(tmp_path) -> Path:
+    path = tmp_path / "user" / "my_model.py"
+    path.parent.mkdir()
+    path.write_text(WORKLOAD, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    return folder
+
+
+def test_a_batch_sweep_of_a_workload_file_runs_own_model_until_out_of_memory(workload, runs):
+    argv = ["--workload", f"{workload}:mlp", "--dim", "depth=3", "--dtype", "float32"]
+    code, runner, summary, out = own_sweep(runs, [*argv, "--vary", "batch", "--start", "2"] + [
+        "--factor", "2", "--until-oom"
+    ])  # fmt: skip
+    assert code == 0  # an out-of-memory point ends a sweep normally
+    points = summary["points"]
+    assert [p["configuration"]["batch"] for p in points] == [2, 4, 8, 16]
+    assert [p["status"] for p in points] == ["completed"] * 3 + ["out_of_memory"]
+    assert summary["stopped_because"] == "the GPU ran out of memory at batch 16"
+    assert summary["largest_fitted"] == points[2]
+    assert all(isinstance(p["predicted_peak_reserved_bytes"], int) for p in points[:-1])
+    # the stand-in's error also stops the trace of the last point: not predicted, never 0
+    assert points[-1]["predicted_peak_reserved_bytes"] is None
+    assert [script for script, _ in runner.started] == ["own_model.py"] * 4
+    assert runner.started[0][1][5:] == [
+        "--workload", f"{workload}:mlp", "--batch", "2", "--dtype", "float32", "--warmup", "1",
+        "--repeats", "2", "--seed", "0", "--dim", "depth=3", "--dim", "width=8",
+    ]  # fmt: skip
+    assert out[0] == "sweep of batch on cuda:0 (my_model.py:mlp, float32): loading PyTorch, " + (
+        "once for every point..."
+    )
+    # every point whole and recorded in the own-model log, nothing in the others
+    assert all((runs / p["run"] / "measurement.json").is_file() for p in points)
+    parsed, problems = validate.parse_log(
+        (runs / "resultats-own.csv").read_bytes(), validate.own_model_header()
+    )
+    assert problems == [] and [row["run_id"] for _, row in parsed] == [p["run"] for p in points]
+    assert not (runs / "resultats-bruts.csv").exists()
+    assert not (runs / "resultats-decoder.csv").exists()
+    [path] = runs.glob("*-sweep/sweep.json")
+    assert validate.validate_json(path.read_bytes(), REGISTRY) == []
+
+
+def test_the_plan_names_the_workload_by_file_name_and_sha256_never_its_path(workload, runs):
+    argv = ["--workload", f"{workload}:mlp", "--vary", "width", "--start", "8", "--factor", "2"]
+    code, _, summary, _ = own_sweep(runs, [*argv, "--max-steps", "3"])
+    assert code == 0
+    plan = summary["plan"]
+    assert plan["workload"] == "own" and plan["vary"] == "width"
+    assert plan["base"] == {
+        "file": "my_model.py",
+        "sha256": hashlib.sha256(workload.read_bytes()).hexdigest(),
+        "function": "mlp",
+        "dimensions": ["depth", "width"],
+        "batch": 1, "dtype": "float32", "warmup": 1, "repeats": 2, "seed": 0,
+        "width": 8, "depth": 2,
+    }  # fmt: skip
+    # batch 1 x width 8, 16, 32: the third is 4 x 8 rows wide, below the stand-in's limit
+    assert [p["configuration"]["width"] for p in summary["points"]] == [8, 16, 32]
+    assert summary["stopped_because"] == "--max-steps 3 was reached"
+    assert (
+        str(workload.parent)
+        not in (runs / next(runs.glob("*-sweep")).name / "sweep.json").read_text()
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--vary", "height"], "--vary height: mlp has no such dimension (batch, width, depth)"),
+        (["--vary", "batch", "--dim", "size=3"], "--dim size: mlp declares no such dimension"),
+        (
+            ["--vary", "batch", "--memory-fraction", "0.5"],
+            "--memory-fraction: a workload file is predicted in the point's own process",
+        ),
+        (["--vary", "batch", "--plan", "x.yaml"], "--plan: a workload file is swept with --vary"),
+    ],
+)
+def test_a_bad_own_model_sweep_is_one_line_exit_2_and_runs_nothing(workload, runs, extra, message):
+    argv = ["--workload", f"{workload}:mlp", "--start", "2", "--factor", "2", *extra]
+    if "--memory-fraction" not in extra and "--plan" not in extra:
+        argv.append("--until-oom")
+    result = run_script("sweep.py", "--device", "cuda:0", *argv, "--runs-dir", str(runs))
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"sweep.py: error: {message}"), line
+    assert list(runs.iterdir()) == []
+
+
+def test_a_missing_workload_file_is_refused_before_anything_runs(tmp_path, runs):
+    argv = ["--workload", f"{tmp_path / 'nope.py'}:mlp", "--vary", "batch", "--start", "2"]
+    result = run_script("sweep.py", "--device", "cuda:0", *argv, "--factor", "2", "--until-oom",
+                        "--runs-dir", str(runs))  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip() == f"sweep.py: error: --workload {tmp_path / 'nope.py'}: no such file"
+    )
+    assert list(runs.iterdir()) == []
+
+
+@pytest.mark.gpu
+def test_an_example_swept_on_the_gpu_runs_to_out_of_memory_predicted_at_every_point(tmp_path):
+    """The ResNet-style example in bfloat16, its batch multiplied by 16 from 1024 until the GPU
+    is full (4M images of 32 x 32 do not fit on an H200): a few points, each predicted."""
+    spec = f"{ROOT / 'pipeline' / 'workloads' / 'resnet_cnn.py'}:resnet"
+    argv = ["--workload", spec, "--dtype", "bfloat16"]
+    argv += ["--vary", "batch", "--start", "1024", "--factor", "16", "--until-oom"]
+    result = run_script("sweep.py", "--device", "cuda:0", *argv, "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [path] = tmp_path.glob("*-sweep/sweep.json")
+    assert validate.validate_json(path.read_bytes(), REGISTRY) == []
+    summary = json.loads(path.read_text())
+    points = summary["points"]
+    assert [p["status"] for p in points] == ["completed"] * (len(points) - 1) + ["out_of_memory"]
+    assert len(points) >= 2
+    for p in points[:-1]:
+        assert p["predicted_peak_reserved_bytes"] == p["peak_reserved_bytes"], p
+    assert (tmp_path / "resultats-own.csv").is_file()
+
+
+def test_fit_and_report_answer_for_an_own_model_sweep(workload, runs, tmp_path):
+    import fit
+    import report
+
+    argv = ["--workload", f"{workload}:mlp", "--vary", "batch", "--start", "2", "--factor", "2"]
+    assert own_sweep(runs, [*argv, "--until-oom"])[0] == 0
+    [folder] = runs.glob("*-sweep")
+    need = fit.need_of(folder)
+    assert (
+        need.what
+        == "its largest completed point, batch 8 (my_model.py:mlp, depth 2, width 8, dtype float32)"
+    )
+    sweep_document = json.loads((folder / "sweep.json").read_text())
+    assert report.fixed_text(sweep_document) == "my_model.py:mlp, depth 2, width 8, dtype float32"
