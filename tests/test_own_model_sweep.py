@@ -92,9 +92,8 @@ def runs(tmp_path) -> Path:
 
 def test_a_batch_sweep_of_a_workload_file_runs_own_model_until_out_of_memory(workload, runs):
     argv = ["--workload", f"{workload}:mlp", "--dim", "depth=3", "--dtype", "float32"]
-    code, runner, summary, out = own_sweep(runs, [*argv, "--vary", "batch", "--start", "2"] + [
-        "--factor", "2", "--until-oom"
-    ])  # fmt: skip
+    argv += ["--vary", "batch", "--start", "2", "--factor", "2", "--until-oom"]
+    code, runner, summary, out = own_sweep(runs, argv)
     assert code == 0  # an out-of-memory point ends a sweep normally
     points = summary["points"]
     assert [p["configuration"]["batch"] for p in points] == [2, 4, 8, 16]
@@ -117,7 +116,8 @@ def test_a_batch_sweep_of_a_workload_file_runs_own_model_until_out_of_memory(wor
     parsed, problems = validate.parse_log(
         (runs / "resultats-own.csv").read_bytes(), validate.own_model_header()
     )
-    assert problems == [] and [row["run_id"] for _, row in parsed] == [p["run"] for p in points]
+    assert problems == []
+    assert [row["run_id"] for _, row in parsed] == [p["run"] for p in points]
     assert not (runs / "resultats-bruts.csv").exists()
     assert not (runs / "resultats-decoder.csv").exists()
     [path] = runs.glob("*-sweep/sweep.json")
@@ -129,7 +129,8 @@ def test_the_plan_names_the_workload_by_file_name_and_sha256_never_its_path(work
     code, _, summary, _ = own_sweep(runs, [*argv, "--max-steps", "3"])
     assert code == 0
     plan = summary["plan"]
-    assert plan["workload"] == "own" and plan["vary"] == "width"
+    assert plan["workload"] == "own"
+    assert plan["vary"] == "width"
     assert plan["base"] == {
         "file": "my_model.py",
         "sha256": hashlib.sha256(workload.read_bytes()).hexdigest(),
