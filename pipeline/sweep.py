@@ -5,11 +5,14 @@
     python3 pipeline/sweep.py --device cuda:0 --workload decoder --preset llama-3.1-8b \
         --batch 8 --prompt 2048 --new-tokens 128 --dtype bfloat16 \
         --vary batch --start 8 --factor 2 --until-oom
+    python3 pipeline/sweep.py --device cuda:0 --workload FILE.py:FUNCTION --dtype bfloat16 \
+        [--dim NAME=VALUE ...] --vary batch|NAME --start 4 --factor 2 --until-oom
 
 Each point is a fresh measurement process (launcher.py) with its own run folder under runs/,
 validated and appended to runs/resultats-bruts.csv while the next point measures (with
 --workload decoder each point is `decoder.py measure`, varying batch, prompt or new-tokens, and
-its row goes to runs/resultats-decoder.csv). A point's
+its row goes to runs/resultats-decoder.csv; with a workload file, `own_model.py measure`,
+varying batch or a declared dimension, into runs/resultats-own.csv). A point's
 folder appears only once whole (it is built under a hidden name, then renamed), so Ctrl-C
 leaves whole runs only. runs/<id>-sweep/sweep.json summarises the sweep: the largest
 configuration that fitted, its peaks, and predicted against measured counters per point.
