@@ -180,13 +180,16 @@ DECODER_ADAMW = ["--workload", f"{WORKLOADS / 'decoder_training.py'}:decoder_ada
 DECODER_ADAMW += ["--batch", "2", "--dim", "context=16", "--dim", "vocab=64"]
 
 
-def host_gpu():
-    """own_model.Gpu for a CPU: every counter reads zero."""
+def host_gpu(environment=None):
+    """own_model.Gpu for a CPU: every counter reads zero; `environment()`, if given, is the
+    environment the run records (by default the committed H200's, default allocator)."""
     import time
 
     import own_model
     import torch
     import trace_prediction
+
+    recorded = environment
 
     class Runtime:
         OutOfMemoryError = torch.OutOfMemoryError
@@ -217,6 +220,8 @@ def host_gpu():
             pass
 
         def environment(self, *args) -> dict:
+            if recorded is not None:
+                return recorded()
             environment = json.loads((H200 / "env.json").read_bytes())["environment"]
             environment["gpu"]["allocator_settings"] = dict(DEFAULT_ALLOCATOR)
             return environment

@@ -2,19 +2,19 @@
 it can be refused, the user's own exceptions, privacy, and the trace replayed through the
 allocator model on hand-checked figures.
 
-`measure` runs in-process with a CPU standing in for the GPU (HostGpu: the protocol's rows
-with zero counters), so that everything after the GPU check is reached here; the GPU tests
-run the real thing."""
+`measure` runs in-process with a CPU standing in for the GPU (runfixtures.host_gpu: the
+protocol's rows with zero counters), so that everything after the GPU check is reached here;
+the GPU tests run the real thing."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 
 import mesure_memoire
 import own_model
 import pytest
+import runfixtures
 import trace_prediction as tp
 import validate
 from conftest import RUNS, run_script
@@ -40,48 +40,10 @@ def committed_environment() -> dict:
     return environment
 
 
-class HostRuntime:
-    """torch.cuda as mesure_memoire.run_phase reads it, for a CPU: nothing is counted."""
-
-    OutOfMemoryError = torch.OutOfMemoryError
-
-    class Event:
-        def __init__(self, enable_timing: bool = False) -> None:
-            self.t = 0
-
-        def record(self) -> None:
-            self.t = time.perf_counter_ns()
-
-        def elapsed_time(self, other) -> float:
-            return (other.t - self.t) / 1e6
-
-    def synchronize(self, device=None) -> None:
-        pass
-
-    def memory_allocated(self, device=None) -> int:
-        return 0
-
-    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
-
-    def reset_peak_memory_stats(self, device=None) -> None:
-        pass
-
-
-class HostGpu(own_model.Gpu):
-    def check(self, torch, index, text) -> None:
-        pass
-
-    def environment(self, *args) -> dict:
-        return committed_environment()
-
-    def start(self, torch, index):
-        return torch.device("cpu")
-
-    def runtime(self, torch):
-        return HostRuntime()
-
-    def probe(self, torch, device, trace):
-        return tp.Calibration()
+def host_gpu():
+    """The CPU standing in for the GPU (runfixtures.host_gpu), recording a committed H200
+    environment with the allocator settings the model replays."""
+    return runfixtures.host_gpu(committed_environment)
 
 
 HEADER = "import torch\nfrom own_model import Workload\n\n"
@@ -117,7 +79,7 @@ def measure(tmp_path, spec: str, *extra: str):
     output = tmp_path / "m.json"
     argv = ["measure", "--workload", spec, "--device", "cuda:0", "--output", str(output)]
     argv += ["--environment-output", str(tmp_path / "env.json"), *extra]
-    return own_model.main(argv, gpu=HostGpu()), output
+    return own_model.main(argv, gpu=host_gpu()), output
 
 
 def estimate(spec: str, *extra: str) -> list[str]:
@@ -791,14 +753,16 @@ def test_the_facts_of_a_written_file_hold_and_a_tampered_one_is_caught(capsys, t
 
 
 def test_a_failing_calibration_leaves_the_measurement_standing(capsys, tmp_path):
-    class BrokenProbe(HostGpu):
-        def probe(self, torch, device, trace):
-            raise RuntimeError("probe broke")
+    def broken_probe(torch, device, trace):
+        raise RuntimeError("probe broke")
+
+    gpu = host_gpu()
+    gpu.probe = broken_probe
 
     path = workload(tmp_path, LINEAR)
     output = tmp_path / "m.json"
     argv = ["measure", "--workload", f"{path}:linear", "--device", "cuda:0"]
-    assert own_model.main([*argv, "--output", str(output)], gpu=BrokenProbe()) == 0
+    assert own_model.main([*argv, "--output", str(output)], gpu=gpu) == 0
     assert "RuntimeError: probe broke" in capsys.readouterr().err
     document = json.loads(output.read_text())
     assert validate.validate_document(document, REGISTRY) == []
