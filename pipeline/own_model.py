@@ -552,6 +552,8 @@ def prediction_record(trace, prediction, calibration_source: str | None) -> dict
         ),
         "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in rows), default=None),
     }
+    if prediction.address_orders is not None:
+        record["address_orders"] = prediction.address_orders
     if prediction.reason is not None:
         record["reason"] = prediction.reason
     return record
@@ -689,6 +691,10 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
         prediction = trace_prediction.Prediction(trace_prediction.NOT_PREDICTED, [], [], [], reason)
     if history is not None:
         history["replay"] = prediction.log
+        if prediction.rows:  # replayed again under this GPU's own order of segment addresses
+            events = history["snapshot"]["device_traces"][device.index]
+            rank = trace_prediction.segment_ranks(events)
+            history["replay_real_order"] = trace_prediction.replay(trace, calibration, rank)[0]
     document["prediction"] = prediction_record(trace, prediction, "this process")
     for row in rows:
         row["harness_overhead_ns"] = row["wall_time_ns"] - row["event_time_ns"]

@@ -7,6 +7,14 @@ whose last reference goes (a weak reference that expires) is a free, in the orde
 happen. `mesure_memoire.AllocatorModel` replays that sequence with the same phase boundaries
 (baseline, peak reset, end values) and gives the six counters of every phase.
 
+One thing a dispatch mode changes in PyTorch itself: while any is active, every tensor counts
+as a subclass, and some of PyTorch's C++ then calls an operator out of place (a new storage)
+where a real run calls its in-place form: the autograd engine adding a tensor's second
+gradient to the first, the math attention kernel adding its mask to the scores, indexing's
+backward writing into zeros (`IN_PLACE_IN_A_REAL_RUN`). The recorder finds those calls by
+their C++ caller and records them as a real run makes them: the result takes its first
+argument's block.
+
 What no trace shows are the blocks a GPU kernel allocates inside one operator: cuBLAS and
 cuBLASLt workspaces (kept, one set per thread that calls them), cuDNN convolution
 workspaces, attention kernels' scratch, reductions' buffers. On a GPU, `probe_operators`
@@ -26,6 +34,8 @@ import dataclasses
 import hashlib
 import itertools
 import math
+import os
+import random
 
 import mesure_memoire
 
@@ -93,6 +103,48 @@ VALUE_DEPENDENT = {
         "ones, a value the trace does not have (the probe ran it on zeros)",
     ),
 }
+# PyTorch's C++ functions that, because a dispatch mode makes every tensor a subclass, call an
+# operator out of place where a real run calls its in-place form on the first argument (which
+# is then the result's block): {caller: {operator: when the real run does so}}. "always"; "no
+# grad" where grad mode is off; "gradient": grad mode off and the first argument dense, not a
+# zero tensor, and its storage held by it alone (the engine's own test). In every case the
+# first argument's storage must die with the call (Recorder.poll).
+IN_PLACE_IN_A_REAL_RUN = {
+    # the autograd engine adding a tensor's second gradient to the first
+    "torch::autograd::InputBuffer::add": {"aten.add.Tensor": "gradient"},
+    # the attention mask added to the scores, on the math path
+    "at::native::_scaled_dot_product_attention_math": {"aten.add.Tensor": "always"},
+    # the bias added to a matrix product on linear's general path
+    "at::native::linear": {"aten.add.Tensor": "always"},
+    # backward of indexing: the gradient written into zeros shaped like the input
+    "torch::autograd::generated::details::index_backward": {"aten.index_put.default": "always"},
+    "at::native::gather_backward": {"aten.scatter_add.default": "always"},
+    "at::native::index_select_backward_symint": {"aten.index_add.default": "always"},
+    "at::native::masked_select_backward": {"aten.masked_scatter.default": "always"},
+    "at::native::value_selecting_reduction_backward_symint": {"aten.scatter.src": "always"},
+    "at::native::cummaxmin_backward": {"aten.scatter_add.default": "always"},
+    "at::native::trace_backward_symint": {"aten.index_fill.int_Scalar": "always"},
+    "torch::autograd::generated::details::take_backward": {"aten.put.default": "always"},
+    # backward of max()/min()/median() of a whole tensor, and of clamp with tensor bounds
+    "torch::autograd::generated::details::evenly_distribute_backward": {
+        "aten.logical_and.default": "always"
+    },
+    "torch::autograd::generated::details::clamp_backward": {
+        "aten.logical_and.default": "always",
+        "aten.logical_or.default": "always",
+    },
+    # binary_cross_entropy_with_logits' backward
+    "torch::autograd::generated::details::binary_cross_entropy_with_logits_backward": {
+        "aten.sub.Tensor": "no grad",
+        "aten.mul.Tensor": "no grad",
+    },
+}
+IN_PLACE_CANDIDATES = frozenset(op for ops in IN_PLACE_IN_A_REAL_RUN.values() for op in ops)
+UNREADABLE_CALLER = (
+    "PyTorch's C++ frames could not be read, so the calls it makes in place in a real run "
+    "(gradient accumulation, the attention mask, indexing's backward) cannot be told from the "
+    "others: each counts as a new block"
+)
 UNCALIBRATED = (
     "not calibrated: the blocks its GPU kernel allocates besides its outputs "
     "(workspaces, scratch) are unknown"
@@ -115,6 +167,7 @@ class OpCall:
     role: str  # CALLER or AUTOGRAD
     signature: str  # what a probe needs to recreate the call, hashed
     outputs: tuple  # ((flat output index, storage id, bytes), ...) of the new device storages
+    reuses: int | None = None  # a real run writes the output into this storage's block
 
 
 @dataclasses.dataclass
@@ -288,6 +341,7 @@ def make_recorder(torch):
             self.freed_early: set = set()
             self.ids = itertools.count()
             self.target = torch.device(tracer.trace.device)
+            self.pending_in_place: tuple | None = None  # (OpCall, its first argument's storage id)
 
         def on_target(self, tensor) -> bool:
             device = tensor.device
@@ -298,8 +352,11 @@ def make_recorder(torch):
         def poll(self) -> None:
             """Storages whose last reference went since the last operator: freed, now."""
             dead = [key for key, entry in self.live.items() if entry[0].expired()]
+            pending, self.pending_in_place = self.pending_in_place, None
             for sid in sorted(self.live.pop(key)[2] for key in dead):  # in a stable order
-                if sid in self.freed_early:
+                if pending is not None and sid == pending[1]:
+                    pending[0].reuses = sid  # nothing else held it: the real run adds in place
+                elif sid in self.freed_early:
                     self.freed_early.discard(sid)
                 else:
                     self.events.append(("free", sid))
@@ -316,7 +373,8 @@ def make_recorder(torch):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            self.poll()
+            if func.namespace != "prim":  # prim.device is asked inside other operators' calls
+                self.poll()
             if seeded in func.tags and not self.tracer.real:
                 out = self.seeded(func, args, kwargs)
             else:
@@ -396,7 +454,51 @@ def make_recorder(torch):
                 alias = bool(func.is_view) or (not mutable and not outputs)
                 entry = signatures[key] = Signature(name, func, described, spec, view=alias)
             entry.calls += 1
-            self.events.append(("op", OpCall(name, self.role(), key, tuple(outputs))))
+            op = OpCall(name, self.role(), key, tuple(outputs))
+            self.events.append(("op", op))
+            if name in IN_PLACE_CANDIDATES and len(outputs) == 1 and outputs[0][0] == 0:
+                self.in_place_in_a_real_run(op, args)
+
+        def in_place_in_a_real_run(self, op: OpCall, args) -> None:
+            """A call that a real run makes in place (IN_PLACE_IN_A_REAL_RUN) takes its first
+            argument's block, provided that argument's storage dies with the call: then
+            nothing else held it, and no block is left holding the same bytes twice. That
+            shows at the next poll (`poll`)."""
+            first = args[0] if args else None
+            if not isinstance(first, torch.Tensor) or not self.on_target(first):
+                return
+            storage = first.untyped_storage()
+            if storage.nbytes() < op.outputs[0][2]:
+                return  # the result does not fit where the first argument lives
+            caller = cpp_caller(entry_point(op.name))
+            if caller is None:
+                self.tracer.trace.notes.setdefault(
+                    f"{packet(op.name)} (in place)", UNREADABLE_CALLER
+                )
+                return
+            condition = next(
+                (
+                    ops.get(op.name)
+                    for name, ops in IN_PLACE_IN_A_REAL_RUN.items()
+                    if caller.startswith(name + "(")
+                ),
+                None,
+            )
+            if condition is None:
+                return
+            if condition != "always" and torch.is_grad_enabled():
+                return
+            if condition == "gradient" and (
+                first._is_zerotensor()
+                or first.is_nested
+                or not dense(first)
+                # 2: `first` and `storage` here. A view holds its base, whose storage it shares.
+                or torch._C._storage_Use_Count(storage._cdata) != 2
+            ):
+                return
+            entry = self.live.get(StorageWeakRef(storage).cdata)
+            if entry is not None:
+                self.pending_in_place = (op, entry[2])
 
         def track(self, tensor):
             """(storage id, bytes) if the tensor's storage is new, else None."""
@@ -428,6 +530,45 @@ def make_recorder(torch):
             )
 
     return Recorder
+
+
+def dense(tensor) -> bool:
+    """PyTorch's non-overlapping-and-dense: in some order of the dimensions (by stride, those
+    of size 1 aside), each stride is the product of the sizes before it."""
+    expected = 1
+    for stride, size in sorted(
+        (stride, size)
+        for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+        if size != 1
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def entry_point(name: str) -> str:
+    """'aten.add.Tensor' -> 'at::_ops::add_Tensor::call', the C++ entry of an operator."""
+    _, operator, overload = name.split(".")
+    return f"at::_ops::{operator}{'' if overload == 'default' else '_' + overload}::call"
+
+
+def cpp_caller(entry: str) -> str | None:
+    """The C++ function that called the operator being dispatched, whose entry point is
+    `entry` ("at::_ops::add_Tensor::call"), or None where the names cannot be read. Exported
+    names are enough, and dladdr reads them a hundred times faster than addr2line."""
+    try:
+        from torch._C._profiler import gather_traceback, symbolize_tracebacks
+
+        os.environ.setdefault("TORCH_SYMBOLIZE_MODE", "dladdr")
+        (frames,) = symbolize_tracebacks([gather_traceback(False, False, True)])
+    except Exception:  # a build without the unwinder: no names
+        return None
+    names = [frame["name"] for frame in frames if frame["name"] != "??"]
+    calls = [i for i, name in enumerate(names) if name.startswith(entry + "(")]
+    if not calls or calls[-1] + 1 == len(names):
+        return None
+    return names[calls[-1] + 1]
 
 
 def describe(torch, x, target):
@@ -686,6 +827,15 @@ def stop_history(torch) -> None:
     torch.cuda.memory._record_memory_history(enabled=None)
 
 
+def segment_ranks(events: list[dict]):
+    """From an allocator history (`device_traces[i]`): the rank of the n-th segment created
+    by the driver's own addresses, for AllocatorModel(segment_rank). A replay under it checks
+    that the address order, and nothing else, is what a prediction missed."""
+    addresses = [event["addr"] for event in events if event["action"] == "segment_alloc"]
+    order = {address: rank for rank, address in enumerate(sorted(addresses))}
+    return lambda n: order[addresses[n]]
+
+
 def history_events(torch, device) -> list[dict]:
     return torch.cuda.memory._snapshot()["device_traces"][device.index]
 
@@ -742,6 +892,7 @@ class Prediction:
     log: list  # the replayed allocations and frees, to compare with a GPU's history
     reason: str | None = None
     mismatches: dict = dataclasses.field(default_factory=dict)
+    address_orders: dict | None = None  # {"orders": n, "largest_difference_bytes": {...}}
 
 
 def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
@@ -750,14 +901,59 @@ def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
         return Prediction(NOT_PREDICTED, [], [], [], reason=trace.stopped)
     rows, log, mismatches, per_thread_used = replay(trace, calibration)
     unknown = assess(trace, calibration, mismatches, per_thread_used)
+    spread = address_order_spread(trace, calibration, rows)
+    if any(spread.values()):
+        unknown.append({"op": ADDRESS_ORDER, "calls": 0, "why": address_order_why(spread)})
     return Prediction(
-        EXACT if not unknown else APPROXIMATE, rows, unknown, log, mismatches=mismatches
+        EXACT if not unknown else APPROXIMATE,
+        rows,
+        unknown,
+        log,
+        mismatches=mismatches,
+        address_orders={"orders": len(OTHER_ADDRESS_ORDERS), "largest_difference_bytes": spread},
     )
 
 
-def replay(trace: Trace, calibration: Calibration | None):
+# Other orders of the segments' addresses to replay under (see AllocatorModel): a later
+# segment below an earlier one, then seeded shuffles. Each is a function of the segment's
+# creation index (the same index always gets the same rank, in one replay).
+def shuffled(seed: int):
+    ranks: dict = {}
+    generator = random.Random(seed)
+    return lambda n: ranks.setdefault(n, generator.getrandbits(40))
+
+
+OTHER_ADDRESS_ORDERS = (lambda: lambda n: -n, *(lambda s=s: shuffled(s) for s in range(1, 8)))
+ADDRESS_ORDER = "segment address order"
+
+
+def address_order_spread(trace: Trace, calibration, rows: list[dict]) -> dict:
+    """Per counter, the largest difference from `rows` over the replays under other orders
+    of the segments' addresses. Zero everywhere: the order, which only the driver knows,
+    does not matter to this workload."""
+    spread = dict.fromkeys(mesure_memoire.COUNTER_KEYS, 0)
+    for order in OTHER_ADDRESS_ORDERS:
+        other = replay(trace, calibration, order())[0]
+        for row, alternative in zip(rows, other, strict=True):
+            for key in spread:
+                spread[key] = max(spread[key], abs(alternative[key] - row[key]))
+    return spread
+
+
+def address_order_why(spread: dict) -> str:
+    largest = max(spread.values())
+    counters = ", ".join(key.removesuffix("_bytes") for key, value in spread.items() if value)
+    return (
+        f"among free blocks of one size the allocator takes the lowest address, and the "
+        f"driver's addresses of its segments are not known: replayed under "
+        f"{len(OTHER_ADDRESS_ORDERS)} other orders of them, the counters move by up to "
+        f"{largest:,} bytes ({counters}); the real order may move them further"
+    )
+
+
+def replay(trace: Trace, calibration: Calibration | None, segment_rank=None):
     """Returns (rows, log, mismatches, whether autograd's thread used kept blocks)."""
-    allocator = mesure_memoire.AllocatorModel()
+    allocator = mesure_memoire.AllocatorModel(segment_rank)
     blocks: dict = {}  # storage id -> block
     kept: set = set()  # the persistent blocks already allocated, by thread and size
     per_thread = calibration is None or calibration.workspaces_per_thread is not False
@@ -807,6 +1003,10 @@ def replay(trace: Trace, calibration: Calibration | None):
                 free(old[0], old[1], "resize")
         else:
             op = event[1]
+            if op.reuses in blocks:  # made in place by a real run (Recorder.poll)
+                ((_, sid, _),) = op.outputs
+                blocks[sid] = blocks.pop(op.reuses)
+                continue
             template = calibration.templates.get(op.signature) if calibration else None
             pending = {index: (sid, nbytes) for index, sid, nbytes in op.outputs}
             scratch: dict = {}

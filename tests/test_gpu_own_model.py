@@ -133,3 +133,27 @@ def test_the_memory_history_holds_the_phases_and_the_replay(tmp_path):
     assert "alloc" in actions
     replayed = [event for event in data["replay"] if event[0] == "alloc"]
     assert replayed, "the replay log lists the predicted allocations"
+
+
+def test_replayed_under_the_gpus_own_segment_order_the_trace_is_exact(tmp_path):
+    """The decoder's AdamW step in float32 at a size where the caching allocator must choose
+    between free blocks of one size in different segments: under the driver's own order of
+    the segments' addresses (read from the allocator's history) the replayed trace gives
+    every counter of every phase; under the model's order it may not, and then the
+    prediction says "approximate" and by how much other orders move it."""
+    spec = str(PIPELINE / "workloads" / EXAMPLES["decoder"][0])
+    dims = ["vocab=8192", "context=256", "width=256", "layers=4", "heads=8", "ffn=688"]
+    history = tmp_path / "history.pickle"
+    argv = ["--dtype", "float32", "--batch", "8", "--memory-history", str(history)]
+    document, _ = measure(tmp_path, spec, *argv, *[f"--dim={d}" for d in dims])
+    honest(document)
+    again = pickle.loads(history.read_bytes())["replay_real_order"]
+    keys = mesure_memoire.COUNTER_KEYS
+    assert [{k: row[k] for k in keys} for row in document["phases"]] == [
+        {k: row[k] for k in keys} for row in again
+    ]
+    orders = document["prediction"]["address_orders"]
+    moved = any(orders["largest_difference_bytes"].values())
+    assert moved == any(
+        e["op"] == "segment address order" for e in document["prediction"]["unknown"]
+    )

@@ -9,9 +9,10 @@ Every point is `pipeline/own_model.py measure` in a fresh interpreter, writing D
   (12 processes, --jobs at a time: each process's counters are its own);
 - sweep: the decoder's AdamW step in bfloat16, batch doubling from 4 until the GPU runs out
   of memory or --max-batch, one process after the other (DIR/sweep/);
-- history: the small size of each example again with --memory-history: the allocator's
-  history during the phases beside the replayed prediction, compared event by event; the
-  first place where they part is printed and DIR/history/<name>.txt lists both side by side.
+- history: the points of --history-points (by default each example's small size, and the
+  decoder's larger one in float32) again with --memory-history: the allocator's history
+  during the phases beside the replayed prediction, compared event by event; the first place
+  where they part is printed and DIR/history/<name>.txt lists both side by side.
 
 DIR/summary.json holds, per point, predicted against measured for every counter of every
 phase. Prints a compact table. Not a test: it needs a GPU and a few minutes.
@@ -99,6 +100,7 @@ def measure(name: str, example: str, dtype: str, batch: int, dims: dict, out: Pa
         applicable=summary["prediction"]["applicable"],
         by_counter=summary["prediction"]["by_counter"],
         unknown=prediction["unknown"],
+        address_orders=prediction.get("address_orders"),
         reason=prediction.get("reason"),
         measured_peak_reserved=summary["largest_peak_reserved_bytes"],
         predicted_peak_reserved=prediction["largest_peak_reserved_bytes"],
@@ -125,10 +127,13 @@ def line(entry: dict) -> str:
     worst = entry.get("by_counter") or {}
     allocated = max((v for k, v in worst.items() if "allocated" in k), default=None)
     reserved = max((v for k, v in worst.items() if "reserved" in k), default=None)
+    orders = entry.get("address_orders") or {}
+    spread = max((orders.get("largest_difference_bytes") or {}).values(), default=None)
     return (
         f"{entry['name']:<28} exit {entry['exit']} {entry.get('status', '-'):<13} "
         f"{entry.get('prediction', '-'):<13} held {entry.get('held')!s:<5} "
         f"max |diff| alloc {allocated!s:>10} reserved {reserved!s:>10} "
+        f"address orders {spread!s:>8} "
         f"peak reserved {entry.get('measured_peak_reserved')!s:>12} "
         f"(predicted {entry.get('predicted_peak_reserved')!s:>12}) {entry['seconds']:>5} s"
     )
@@ -208,72 +213,84 @@ def grouped(events: list[tuple]) -> list[tuple]:
     return out
 
 
+def real_order_difference(data: dict, entry: dict) -> int | None:
+    """The replay under the GPU's own order of segment addresses against the measured rows:
+    the largest difference of any counter (0 where the address order explains it all)."""
+    rows = data.get("replay_real_order")
+    if not rows or not entry.get("rows"):
+        return None
+    return max(
+        abs(row["measured"][key] - again[key])
+        for row, again in zip(entry["rows"], rows, strict=False)
+        for key in COUNTERS
+    )
+
+
 def history(out: Path) -> list[dict]:
     folder = out / "history"
     folder.mkdir()
     index = int(ARGS.device.partition(":")[2] or 0)
     results = []
-    for example in EXAMPLES:
-        for dtype in ("bfloat16", "float32"):
-            name = f"{example}-small-{dtype}"
-            pickled = folder / f"{name}.pickle"
-            batch, dims = SIZES[(example, "small")]
-            entry = measure(
-                name, example, dtype, batch, dims, folder, "--memory-history", str(pickled)
-            )
-            if not pickled.exists():
-                results.append({"name": name, "error": "no history written", **entry})
+    for name in ARGS.history_points.split(","):
+        example, size, dtype = name.split("-")
+        if (example, size) not in SIZES or dtype not in ("bfloat16", "float32"):
+            raise SystemExit(f"--history-points: no point {name!r} (EXAMPLE-SIZE-DTYPE)")
+        pickled = folder / f"{name}.pickle"
+        batch, dims = SIZES[(example, size)]
+        entry = measure(name, example, dtype, batch, dims, folder, "--memory-history", str(pickled))
+        if not pickled.exists():
+            results.append({"name": name, "error": "no history written", **entry})
+            continue
+        data = pickle.loads(pickled.read_bytes())
+        real = grouped(real_events(data["snapshot"], index))
+        predicted = []
+        current = ""
+        for kind, size, what in data.get("replay", []):
+            if kind == "phase":
+                current = what
                 continue
-            data = pickle.loads(pickled.read_bytes())
-            real = grouped(real_events(data["snapshot"], index))
-            predicted = []
-            current = ""
-            for kind, size, what in data.get("replay", []):
-                if kind == "phase":
-                    current = what
-                    continue
-                predicted.append((kind, size, f"{current}: {what}"))
-            predicted = grouped(predicted)
-            part = next(
-                (
-                    i
-                    for i, (a, b) in enumerate(zip(real, predicted, strict=False))
-                    if a[:2] != b[:2]
-                ),
-                None if len(real) == len(predicted) else min(len(real), len(predicted)),
-            )
-            listing = [
-                f"{i:>6}  {real[i][0] if i < len(real) else '':<6} "
-                f"{str(real[i][1]) if i < len(real) else '':>24}   |   "
-                f"{predicted[i][0] if i < len(predicted) else '':<6} "
-                f"{str(predicted[i][1]) if i < len(predicted) else '':>24}  "
-                f"{predicted[i][2] if i < len(predicted) else ''}"
-                f"{'   <== parts here' if i == part else ''}"
-                for i in range(max(len(real), len(predicted)))
-            ]
-            (folder / f"{name}.txt").write_text(
-                "index  measured (allocator history)        |   predicted (replay)  where\n"
-                + "\n".join(listing)
-                + "\n"
-            )
-            result = {
-                "name": name,
-                "events_measured": len(real),
-                "events_predicted": len(predicted),
-                "first_difference": part,
-                "prediction": entry.get("prediction"),
-                "held": entry.get("held"),
-            }
-            if part is not None:
-                result["around"] = listing[max(0, part - 4) : part + 5]
-            results.append(result)
-            print(
-                f"history {name:<22} measured {len(real):>5} events, predicted "
-                f"{len(predicted):>5}; first difference at {part}",
-                flush=True,
-            )
-            for text in result.get("around", []):
-                print("    " + text)
+            predicted.append((kind, size, f"{current}: {what}"))
+        predicted = grouped(predicted)
+        part = next(
+            (i for i, (a, b) in enumerate(zip(real, predicted, strict=False)) if a[:2] != b[:2]),
+            None if len(real) == len(predicted) else min(len(real), len(predicted)),
+        )
+        listing = [
+            f"{i:>6}  {real[i][0] if i < len(real) else '':<6} "
+            f"{str(real[i][1]) if i < len(real) else '':>24}   |   "
+            f"{predicted[i][0] if i < len(predicted) else '':<6} "
+            f"{str(predicted[i][1]) if i < len(predicted) else '':>24}  "
+            f"{predicted[i][2] if i < len(predicted) else ''}"
+            f"{'   <== parts here' if i == part else ''}"
+            for i in range(max(len(real), len(predicted)))
+        ]
+        (folder / f"{name}.txt").write_text(
+            "index  measured (allocator history)        |   predicted (replay)  where\n"
+            + "\n".join(listing)
+            + "\n"
+        )
+        result = {
+            "name": name,
+            "events_measured": len(real),
+            "events_predicted": len(predicted),
+            "first_difference": part,
+            "prediction": entry.get("prediction"),
+            "held": entry.get("held"),
+            "address_orders": entry.get("address_orders"),
+            "largest_difference_under_the_gpus_segment_order": real_order_difference(data, entry),
+        }
+        if part is not None:
+            result["around"] = listing[max(0, part - 4) : part + 5]
+        results.append(result)
+        print(
+            f"history {name:<22} measured {len(real):>5} events, predicted "
+            f"{len(predicted):>5}; first difference at {part}; replayed under the GPU's "
+            f"segment order, largest difference "
+            f"{result['largest_difference_under_the_gpus_segment_order']} B",
+            flush=True,
+        )
+        for text in result.get("around", []):
+            print("    " + text)
     return results
 
 
@@ -306,5 +323,13 @@ if __name__ == "__main__":
     parser.add_argument("--only", default="grid,sweep,history")
     parser.add_argument("--jobs", type=int, default=2, help="grid processes at a time")
     parser.add_argument("--max-batch", type=int, default=1024, help="the sweep's bound")
+    parser.add_argument(
+        "--history-points",
+        default=",".join(
+            [f"{e}-small-{d}" for e in EXAMPLES for d in ("bfloat16", "float32")]
+            + ["decoder-large-float32"]
+        ),
+        help="EXAMPLE-SIZE-DTYPE,... compared event by event with the allocator's history",
+    )
     ARGS = parser.parse_args()
     raise SystemExit(main())
