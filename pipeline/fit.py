@@ -175,9 +175,13 @@ def own_model_prediction_note(document: dict) -> str:
     prediction = document["summary"]["prediction"]
     if prediction["status"] == "not predicted":
         return "its traced prediction: not predicted (the trace could not follow the code)"
-    difference = prediction["largest_abs_difference_reserved_bytes"]
+    unknown = ", ".join(entry["op"] for entry in document["prediction"]["unknown"])
     return (
-        f"its traced prediction: {prediction['status']}, off by up to {difference} bytes reserved"
+        f"its traced prediction: {prediction['status']}"
+        + (f" ({unknown})" if unknown else "")
+        + f", off by {prediction['largest_abs_difference_reserved_bytes']:,} bytes at most on"
+        f" the reserved counters, {prediction['largest_abs_difference_allocated_bytes']:,} on"
+        " the allocated ones"
     )
 
 
@@ -190,11 +194,8 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
         raise cli.UsageError(f"{name}: not predicted ({why}): no figure to fit; measure it instead")
     notes = []
     if prediction["status"] == "approximate":
-        unknown = ", ".join(entry["op"] for entry in prediction["unknown"])
-        notes.append(
-            "approximate: the peak leaves out what the calibration does not cover "
-            f"({unknown or 'see the file'}); measure it, or estimate with --calibration"
-        )
+        unknown = "; ".join(f"{entry['op']}: {entry['why']}" for entry in prediction["unknown"])
+        notes.append(f"approximate, what the prediction does not know: {unknown}")
     return Need(
         peak_reserved_bytes=prediction["largest_peak_reserved_bytes"],
         basis="prediction",

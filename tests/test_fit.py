@@ -412,11 +412,14 @@ def test_an_own_model_run_is_fitted_from_its_measured_peak_and_names_its_predict
         "batch 2, dtype float32"
     )
     assert answer["peak_measured_on_model"] == "h200"
-    difference = document["summary"]["prediction"]["largest_abs_difference_reserved_bytes"]
+    summary = document["summary"]["prediction"]
+    unknown = ", ".join(entry["op"] for entry in document["prediction"]["unknown"])
+    assert unknown
     assert (
-        f"its traced prediction: approximate, off by up to {difference} bytes reserved"
-        in (answer["notes"])
-    )
+        f"its traced prediction: approximate ({unknown}), off by "
+        f"{summary['largest_abs_difference_reserved_bytes']:,} bytes at most on the reserved "
+        f"counters, {summary['largest_abs_difference_allocated_bytes']:,} on the allocated ones"
+    ) in answer["notes"]
     assert str(tmp_path) not in json.dumps(answer)
 
 
@@ -433,8 +436,9 @@ def test_an_own_model_prediction_that_is_approximate_says_so(tmp_path, capsys):
     assert answer["peak_reserved_bytes"] == document["prediction"]["largest_peak_reserved_bytes"]
     assert answer["peak_measured_on_model"] is None
     [note] = answer["notes"]
+    first = document["prediction"]["unknown"][0]
     assert note.startswith(
-        "approximate: the peak leaves out what the calibration does not cover (aten."
+        f"approximate, what the prediction does not know: {first['op']}: {first['why']}"
     )
     document["prediction"]["status"] = "not predicted"
     document["prediction"]["reason"] = "the trace itself failed (RuntimeError): not predicted"
