@@ -627,6 +627,24 @@ def test_calls_a_real_run_makes_in_place_take_their_first_arguments_block():
     assert len(real) > in_place  # and out of place
 
 
+@pytest.mark.parametrize(("create_graph", "expected"), [(False, "aten::add_"), (True, "aten::add")])
+def test_a_gradient_sum_is_in_place_unless_the_gradients_own_graph_is_kept(create_graph, expected):
+    """With create_graph the engine keeps grad mode on and sums out of place, as a real run
+    on the CPU shows."""
+
+    def gradient(device: str):
+        x = torch.ones(64, 64, device=device, requires_grad=True)
+        return torch.autograd.grad((x * x.sin()).sum(), x, create_graph=create_graph)
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as run:
+        gradient("cpu")
+    real = [e.name for e in run.events() if e.name in ("aten::add", "aten::add_")]
+    trace = tp.run_trace(torch, "meta", lambda phase: phase("cold_step", lambda: gradient("meta")))
+    adds = [e[1] for e in trace.events if e[0] == "op" and e[1].name == "aten.add.Tensor"]
+    assert real == [expected]
+    assert ["aten::add_" if call.reuses is not None else "aten::add" for call in adds] == real
+
+
 def test_without_cpp_frames_the_calls_made_in_place_are_named_as_unknown(monkeypatch):
     def drive(phase):
         def step():
