@@ -163,6 +163,9 @@ def run_picture(source: Source):
     predicted_label = "predicted by the allocator model"
     if prediction.get("applicable") is False:  # e.g. expandable segments: not a claim
         predicted_label += f" (NOT APPLICABLE: {prediction['not_applicable_because']})"
+    elif prediction.get("status") == "approximate":  # says what it does not know
+        unknown = [entry["op"] for entry in document.get("prediction", {}).get("unknown", [])]
+        predicted_label += f" (APPROXIMATE: {', '.join(unknown) or 'see the file'})"
     for i, (key, name) in enumerate(COUNTERS.items()):
         xs = [p + (i - 2.5) * width for p in range(len(phases))]
         axes.bar(xs, [row[key] / scale for row in phases], width, label=name, color=COLOURS[i])

@@ -351,6 +351,17 @@ def test_a_prediction_that_does_not_apply_says_so_in_the_legend():
     )
 
 
+def test_an_approximate_prediction_names_what_it_does_not_know_in_the_legend():
+    """The decoder example's AdamW step in float32 on the H200: the prediction is approximate
+    because the order of the segments' addresses moves its allocated counters."""
+    run = RUNS / "20261203T131050Z-own-model-chain" / "20261203T131050Z-74623e"
+    figure = report.run_picture(report.read_source(run))
+    [legend] = figure.legends
+    assert legend.get_texts()[0].get_text() == (
+        "predicted by the allocator model (APPROXIMATE: segment address order)"
+    )
+
+
 def test_the_gpu_line_is_drawn_while_the_peaks_keep_two_fifths_of_the_axis(tmp_path):
     """The H200 sweep of 2026-12-03 peaks at 72.06 GiB, 52% of the 139.13 GiB usable: the
     line belongs on the axis, not in a note that says it is far above."""

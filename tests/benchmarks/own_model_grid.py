@@ -299,7 +299,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=False)
     only = set(ARGS.only.split(","))
     started = time.perf_counter()
-    summary: dict = {"device": ARGS.device}
+    summary: dict = {"schema": "urn:iteragpu-lab:schema:own-model-grid:v1", "device": ARGS.device}
     if "grid" in only:
         summary["grid"] = grid(out)
     if "sweep" in only:
