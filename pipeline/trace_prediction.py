@@ -106,9 +106,13 @@ VALUE_DEPENDENT = {
 # PyTorch's C++ functions that, because a dispatch mode makes every tensor a subclass, call an
 # operator out of place where a real run calls its in-place form on the first argument (which
 # is then the result's block): {caller: {operator: when the real run does so}}. "always"; "no
-# grad" where grad mode is off; "gradient": grad mode off and the first argument dense, not a
-# zero tensor, and its storage held by it alone (the engine's own test). In every case the
-# first argument's storage must die with the call (Recorder.poll).
+# grad" where grad mode is off; "gradient": grad mode off, the first argument dense, not a
+# zero tensor, and held by the engine alone (its own test), which shows when its storage dies
+# with the call (Recorder.poll). "other": the real run takes another way, with sizes that
+# depend on values: the prediction is approximate. Backward formulas are named by their
+# autograd node (`...Backward0::apply`): the helpers they call are not exported, so the node
+# is the caller whose name can be read.
+BACKWARD = "torch::autograd::generated::"
 IN_PLACE_IN_A_REAL_RUN = {
     # the autograd engine adding a tensor's second gradient to the first
     "torch::autograd::InputBuffer::add": {"aten.add.Tensor": "gradient"},
@@ -117,28 +121,35 @@ IN_PLACE_IN_A_REAL_RUN = {
     # the bias added to a matrix product on linear's general path
     "at::native::linear": {"aten.add.Tensor": "always"},
     # backward of indexing: the gradient written into zeros shaped like the input
-    "torch::autograd::generated::details::index_backward": {"aten.index_put.default": "always"},
+    f"{BACKWARD}IndexBackward0::apply": {"aten.index_put.default": "always"},
+    f"{BACKWARD}TakeBackward0::apply": {"aten.put.default": "always"},
     "at::native::gather_backward": {"aten.scatter_add.default": "always"},
     "at::native::index_select_backward_symint": {"aten.index_add.default": "always"},
-    "at::native::masked_select_backward": {"aten.masked_scatter.default": "always"},
     "at::native::value_selecting_reduction_backward_symint": {"aten.scatter.src": "always"},
     "at::native::cummaxmin_backward": {"aten.scatter_add.default": "always"},
     "at::native::trace_backward_symint": {"aten.index_fill.int_Scalar": "always"},
-    "torch::autograd::generated::details::take_backward": {"aten.put.default": "always"},
     # backward of max()/min()/median() of a whole tensor, and of clamp with tensor bounds
-    "torch::autograd::generated::details::evenly_distribute_backward": {
-        "aten.logical_and.default": "always"
+    **{
+        f"{BACKWARD}{node}::apply": {"aten.logical_and.default": "always"}
+        for node in ("MaxBackward1", "MinBackward1", "MedianBackward0", "NanmedianBackward0")
     },
-    "torch::autograd::generated::details::clamp_backward": {
+    f"{BACKWARD}ClampBackward0::apply": {
         "aten.logical_and.default": "always",
         "aten.logical_or.default": "always",
     },
     # binary_cross_entropy_with_logits' backward
-    "torch::autograd::generated::details::binary_cross_entropy_with_logits_backward": {
+    f"{BACKWARD}BinaryCrossEntropyWithLogitsBackward0::apply": {
         "aten.sub.Tensor": "no grad",
         "aten.mul.Tensor": "no grad",
     },
+    # prod's backward: a real run looks for zeros in the input and takes another way
+    f"{BACKWARD}ProdBackward0::apply": {"aten.cumprod.default": "other"},
+    f"{BACKWARD}ProdBackward1::apply": {"aten.cumprod.default": "other"},
 }
+OTHER_WAY = (
+    "a real run takes another way here than the trace, with sizes that depend on the "
+    "tensors' values"
+)
 IN_PLACE_CANDIDATES = frozenset(op for ops in IN_PLACE_IN_A_REAL_RUN.values() for op in ops)
 UNREADABLE_CALLER = (
     "PyTorch's C++ frames could not be read, so the calls it makes in place in a real run "
@@ -356,7 +367,7 @@ def make_recorder(torch):
             for sid in sorted(self.live.pop(key)[2] for key in dead):  # in a stable order
                 if pending is not None and sid == pending[1]:
                     pending[0].reuses = sid  # nothing else held it: the real run adds in place
-                elif sid in self.freed_early:
+                if sid in self.freed_early:
                     self.freed_early.discard(sid)
                 else:
                     self.events.append(("free", sid))
@@ -460,10 +471,10 @@ def make_recorder(torch):
                 self.in_place_in_a_real_run(op, args)
 
         def in_place_in_a_real_run(self, op: OpCall, args) -> None:
-            """A call that a real run makes in place (IN_PLACE_IN_A_REAL_RUN) takes its first
-            argument's block, provided that argument's storage dies with the call: then
-            nothing else held it, and no block is left holding the same bytes twice. That
-            shows at the next poll (`poll`)."""
+            """A call that a real run makes in place (IN_PLACE_IN_A_REAL_RUN) shares its first
+            argument's block, which lives as long as either does. For the engine's sum of
+            gradients, only if that argument's storage dies with the call, which shows at the
+            next poll (`poll`): then nothing else held it, the engine's condition."""
             first = args[0] if args else None
             if not isinstance(first, torch.Tensor) or not self.on_target(first):
                 return
@@ -486,6 +497,10 @@ def make_recorder(torch):
             )
             if condition is None:
                 return
+            if condition == "other":
+                where = caller.split("(")[0]
+                self.tracer.trace.notes.setdefault(f"{packet(op.name)} in {where}", OTHER_WAY)
+                return
             if condition != "always" and torch.is_grad_enabled():
                 return
             if condition == "gradient" and (
@@ -497,8 +512,12 @@ def make_recorder(torch):
             ):
                 return
             entry = self.live.get(StorageWeakRef(storage).cdata)
-            if entry is not None:
+            if entry is None:
+                return
+            if condition == "gradient":  # decided at the next poll
                 self.pending_in_place = (op, entry[2])
+            else:
+                op.reuses = entry[2]
 
         def track(self, tensor):
             """(storage id, bytes) if the tensor's storage is new, else None."""
@@ -972,6 +991,16 @@ def replay(trace: Trace, calibration: Calibration | None, segment_rank=None):
             log.append(("free", nbytes, what))
         allocator.free(block)
 
+    sharing: dict = {}  # id of a (block, bytes) entry -> storages that share it, where several
+
+    def release(entry: tuple, what: str) -> None:
+        """A storage's end: its block is freed with the last storage that shares it."""
+        count = sharing.pop(id(entry), 1) - 1
+        if count:
+            sharing[id(entry)] = count
+        else:
+            free(entry[0], entry[1], what)
+
     for event in trace.events:
         kind = event[0]
         if kind == "start":
@@ -993,19 +1022,20 @@ def replay(trace: Trace, calibration: Calibration | None, segment_rank=None):
         elif kind == "free":
             entry = blocks.pop(event[1], None)
             if entry is not None:
-                free(entry[0], entry[1], "storage")
+                release(entry, "storage")
         elif kind == "unseen":
             blocks[event[1]] = (malloc(event[2], "unseen storage"), event[2])
         elif kind == "resize":
             old = blocks.pop(event[1], None)
             blocks[event[1]] = (malloc(event[2], "resize"), event[2])
             if old is not None:
-                free(old[0], old[1], "resize")
+                release(old, "resize")
         else:
             op = event[1]
-            if op.reuses in blocks:  # made in place by a real run (Recorder.poll)
+            if op.reuses in blocks:  # made in place by a real run: one block, two storages
                 ((_, sid, _),) = op.outputs
-                blocks[sid] = blocks.pop(op.reuses)
+                blocks[sid] = blocks[op.reuses]
+                sharing[id(blocks[sid])] = sharing.get(id(blocks[sid]), 1) + 1
                 continue
             template = calibration.templates.get(op.signature) if calibration else None
             pending = {index: (sid, nbytes) for index, sid, nbytes in op.outputs}

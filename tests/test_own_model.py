@@ -645,6 +645,80 @@ def test_a_gradient_sum_is_in_place_unless_the_gradients_own_graph_is_kept(creat
     assert ["aten::add_" if call.reuses is not None else "aten::add" for call in adds] == real
 
 
+def backward_of(forward, profiled: bool = False):
+    """run(device): the forward, then the backward; with `profiled`, the backward only under
+    the profiler, which run returns."""
+
+    def run(device: str):
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(8, 8, generator=generator).to(device).requires_grad_()
+        loss = forward(x, device).sum()
+        if not profiled:
+            return loss.backward()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as run:
+            loss.backward()
+        return run
+
+    return run
+
+
+def index(device: str):
+    return torch.arange(3, device=device) % 2 * 2  # 0, 2, 0: a repeat, too
+
+
+IN_PLACE_CASES = {
+    "index": (lambda x, d: x[index(d)], "index_put", "_index_put_impl_"),
+    "gather": (
+        lambda x, d: x.gather(1, torch.zeros(8, 2, dtype=torch.long, device=d)),
+        "scatter_add",
+        "scatter_add_",
+    ),
+    "topk": (lambda x, d: x.topk(2, dim=1).values, "scatter", "scatter_"),
+    "index_select": (
+        lambda x, d: x.index_select(0, index(d)),
+        "index_add",
+        "index_add_",
+    ),
+    "take": (lambda x, d: x.take(index(d)), "put", "put_"),
+    "clamp": (
+        lambda x, d: x.clamp(torch.zeros(8, device=d), torch.ones(8, device=d)),
+        "logical_and",
+        "logical_and_",
+    ),
+    "bce_with_logits": (
+        lambda x, d: torch.nn.functional.binary_cross_entropy_with_logits(
+            x, torch.full((8, 8), 0.5, device=d)
+        ),
+        "mul",
+        "mul_",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IN_PLACE_CASES))
+def test_backward_formulas_that_write_in_place_in_a_real_run_do_so_in_the_trace(case):
+    """Indexing's backwards write the gradient into zeros, clamp's and BCE's combine masks
+    and factors in place: in a real run (the profiler's names) and in the trace alike."""
+    forward, traced_op, real_op = IN_PLACE_CASES[case]
+    run = backward_of(forward, profiled=True)("cpu")
+    real = sum(e.name == f"aten::{real_op}" for e in run.events())
+    trace = tp.run_trace(
+        torch, "meta", lambda phase: phase("cold_step", lambda: backward_of(forward)("meta"))
+    )
+    reused = [e[1].name for e in trace.events if e[0] == "op" and e[1].reuses is not None]
+    assert real >= 1
+    assert sum(name.split(".")[1] == traced_op for name in reused) == real
+
+
+def test_a_backward_that_takes_another_way_in_a_real_run_is_named():
+    """prod's backward looks for zeros in the input on real tensors; the trace cannot."""
+    prod_backward = backward_of(lambda x, d: x.prod(1))
+    trace = tp.run_trace(
+        torch, "meta", lambda phase: phase("cold_step", lambda: prod_backward("meta"))
+    )
+    assert "aten.cumprod in torch::autograd::generated::ProdBackward1::apply" in trace.notes
+
+
 def test_without_cpp_frames_the_calls_made_in_place_are_named_as_unknown(monkeypatch):
     def drive(phase):
         def step():
