@@ -85,7 +85,6 @@ DATASHEET_TFLOPS = {
 # be handed a whole block bigger than itself.
 MIN_BLOCK, SMALL_SIZE, SMALL_SEGMENT = 512, 2**20, 2 * 2**20
 LARGE_SEGMENT, MIN_LARGE_ALLOC, ROUND_LARGE = 20 * 2**20, 10 * 2**20, 2 * 2**20
-SEGMENT_SPAN = 2**60  # AllocatorModel(segment_rank): rank r's segment starts at r * 2**60
 
 # The device-side allocator settings the prediction models, in the names and values PyTorch
 # reports (its memory snapshot's "allocator_settings"): no split limit, no garbage collection
@@ -532,18 +531,11 @@ def utc_now() -> str:
 
 
 class AllocatorModel:
-    """Replays allocations and frees, one stream, and keeps the four counters PyTorch keeps.
+    """Replays allocations and frees, one stream, and keeps the four counters PyTorch keeps."""
 
-    Between free blocks of the same size the allocator takes the lowest address. Inside a
-    segment that order is known; between segments it is the driver's, which no model has:
-    by default a later segment lies above an earlier one. `segment_rank(n)` puts the n-th
-    segment (from 0) at another rank instead, to replay under another order of addresses."""
-
-    def __init__(self, segment_rank=None) -> None:
+    def __init__(self) -> None:
         self.free_blocks: list[dict] = []
         self.next_address = 0
-        self.segment_rank = segment_rank
-        self.segments = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
 
     def reset_peaks(self) -> None:
@@ -565,12 +557,8 @@ class AllocatorModel:
                 segment = LARGE_SEGMENT
             else:
                 segment = -(-size // ROUND_LARGE) * ROUND_LARGE
-            address = self.next_address
-            if self.segment_rank is not None:
-                address = self.segment_rank(self.segments) * SEGMENT_SPAN
-            self.segments += 1
             block = {
-                "address": address,
+                "address": self.next_address,
                 "size": segment,
                 "small": small,
                 "prev": None,

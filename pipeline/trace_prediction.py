@@ -848,11 +848,11 @@ def stop_history(torch) -> None:
 
 def segment_ranks(events: list[dict]):
     """From an allocator history (`device_traces[i]`): the rank of the n-th segment created
-    by the driver's own addresses, for AllocatorModel(segment_rank). A replay under it checks
+    by the driver's own addresses, for replay(segment_rank=...). A replay under it checks
     that the address order, and nothing else, is what a prediction missed."""
     addresses = [event["addr"] for event in events if event["action"] == "segment_alloc"]
     order = {address: rank for rank, address in enumerate(sorted(addresses))}
-    return lambda n: order[addresses[n]]
+    return lambda n: order[addresses[n]] if n < len(addresses) else n  # more: above them
 
 
 def history_events(torch, device) -> list[dict]:
@@ -970,9 +970,34 @@ def address_order_why(spread: dict) -> str:
     )
 
 
+class RankedSegments(mesure_memoire.AllocatorModel):
+    """The allocator model with the n-th segment it creates (from 0) at rank segment_rank(n)
+    among the segments' addresses. Among free blocks of one size the allocator takes the
+    lowest address; inside a segment that order is known, between segments it is the
+    driver's, which no model has (the plain model puts a later segment above an earlier)."""
+
+    SPAN = 2**60  # rank r's segment starts at r * 2**60: segments never touch
+
+    def __init__(self, segment_rank) -> None:
+        super().__init__()
+        self.segment_rank = segment_rank
+        self.segments = 0
+
+    def malloc(self, nbytes: int):
+        """segment_rank is asked at every call, for the segment this call may make."""
+        reserved = self.reserved
+        self.next_address = self.segment_rank(self.segments) * self.SPAN
+        block = super().malloc(nbytes)
+        self.segments += self.reserved != reserved
+        return block
+
+
 def replay(trace: Trace, calibration: Calibration | None, segment_rank=None):
-    """Returns (rows, log, mismatches, whether autograd's thread used kept blocks)."""
-    allocator = mesure_memoire.AllocatorModel(segment_rank)
+    """Returns (rows, log, mismatches, whether autograd's thread used kept blocks); with
+    `segment_rank`, under that order of the segments' addresses (RankedSegments)."""
+    allocator = (
+        mesure_memoire.AllocatorModel() if segment_rank is None else RankedSegments(segment_rank)
+    )
     blocks: dict = {}  # storage id -> block
     kept: set = set()  # the persistent blocks already allocated, by thread and size
     per_thread = calibration is None or calibration.workspaces_per_thread is not False
