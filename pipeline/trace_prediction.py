@@ -12,8 +12,10 @@ as a subclass, and some of PyTorch's C++ then calls an operator out of place (a 
 where a real run calls its in-place form: the autograd engine adding a tensor's second
 gradient to the first, the math attention kernel adding its mask to the scores, indexing's
 backward writing into zeros (`IN_PLACE_IN_A_REAL_RUN`). The recorder finds those calls by
-their C++ caller and records them as a real run makes them: the result takes its first
-argument's block.
+their C++ caller and records them as a real run makes them: the result shares its first
+argument's block. And among free blocks of one size the allocator takes the lowest address,
+which between segments is the driver's: each prediction is replayed under other orders of the
+segments too, and where a counter moves it says "approximate", by how much (`predict`).
 
 What no trace shows are the blocks a GPU kernel allocates inside one operator: cuBLAS and
 cuBLASLt workspaces (kept, one set per thread that calls them), cuDNN convolution
@@ -933,7 +935,7 @@ def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
     )
 
 
-# Other orders of the segments' addresses to replay under (see AllocatorModel): a later
+# Other orders of the segments' addresses to replay under (RankedSegments): a later
 # segment below an earlier one, then seeded shuffles. Each is a function of the segment's
 # creation index (the same index always gets the same rank, in one replay).
 def shuffled(seed: int):
