@@ -235,6 +235,40 @@ def evaluate(formula, terms: dict, where: str) -> int:
     raise CalibrationError(f"{where}: not a formula: {json.dumps(formula)}")
 
 
+TEXT_TERMS = ("dtype", "backend")  # the terms whose values are names, not numbers
+
+
+def calibration_facts(document: dict) -> list[str]:
+    """What the calibration schema cannot say: a range or a size is over numbers, so it never
+    names a term whose value is a name (dtype, backend); validate.py applies this to every
+    calibration, and so does the predictor before it reads one."""
+    errors = []
+
+    def formula_terms(formula, where: str) -> None:
+        if isinstance(formula, str) and formula in TEXT_TERMS:
+            errors.append(f"{where}: a size cannot be the name-valued term {formula!r}")
+        elif isinstance(formula, dict):
+            for arguments in formula.values():
+                for argument in arguments:
+                    formula_terms(argument, where)
+
+    def condition(when: dict, where: str) -> None:
+        for key, wanted in when.items():
+            if key in TEXT_TERMS and isinstance(wanted, dict):
+                errors.append(f"{where}.{key}: a range, but {key} is a name, not a number")
+
+    condition(document.get("covers", {}), "$.covers")
+    for i, entry in enumerate(document.get("attention_backends", [])):
+        condition(entry.get("when", {}), f"$.attention_backends[{i}].when")
+    for i, entry in enumerate(document["sites"]):
+        condition(entry.get("when", {}), f"$.sites[{i}].when")
+        for j, block in enumerate(entry["blocks"]):
+            for key, value in block.items():
+                if key in ("bytes", "requested_bytes"):
+                    formula_terms(value, f"$.sites[{i}].blocks[{j}].{key}")
+    return errors
+
+
 def matches(when: dict, terms: dict, where: str) -> bool:
     """Every condition holds: a value, a list of values, or {"min": a, "max": b}."""
     for key, wanted in when.items():
@@ -268,12 +302,12 @@ class Calibration:
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
-        try:
-            data = path.read_bytes()
-            document = json.loads(data)
-        except (OSError, ValueError) as exc:
-            raise CalibrationError(f"{path}: not a readable JSON calibration ({exc})") from None
-        return cls(document, recorded_path(path), hashlib.sha256(data).hexdigest())
+        """A calibration that validates as validate.py validates it: its schema and its facts
+        (one line, exit 2, otherwise)."""
+        import validate  # validate imports this module: read here, when a file is loaded
+
+        read = validate.checked(path, (CALIBRATION_SCHEMA,), "a decoder calibration")
+        return cls(read.document, recorded_path(path), hashlib.sha256(read.data).hexdigest())
 
     def record(self) -> dict:
         return {
@@ -1075,6 +1109,19 @@ def new_measurement(shape: Shape, preset, run: dict, device: str, seed: int, env
     }
 
 
+def refuse_foreign_calibration(calibration: Calibration, environment: dict) -> None:
+    """A calibration given by name must have been measured on this GPU model with this
+    PyTorch: another's kernels allocate other blocks. Refused before anything is written."""
+    ran = (environment["gpu"].get("name"), environment["torch"].get("version"))
+    made = (calibration.gpu.get("name"), calibration.document.get("torch"))
+    if ran != made:
+        raise cli.UsageError(
+            f"--calibration {calibration.name} was measured on {made[0]} with torch {made[1]}; "
+            f"this run is on {ran[0]} with torch {ran[1]}: give a calibration of this GPU and "
+            "PyTorch, or none (the newest committed one that matches is then used)"
+        )
+
+
 def measure(args: argparse.Namespace, shape: Shape, preset: str | None, run: dict) -> int:
     """mesure_memoire.measure's order: refuse existing outputs, write the environment first
     (same process), then the phases; the file is written whatever happened on the GPU."""
@@ -1091,6 +1138,8 @@ def measure(args: argparse.Namespace, shape: Shape, preset: str | None, run: dic
         args.device, args.device_text, driver_query, args.process_start
     )
     mesure_memoire.stop_cuda_driver(cuda_driver)
+    if args.calibration is not None and environment["gpu"].get("available"):
+        refuse_foreign_calibration(args.calibration, environment)
     if environment_output is not None:
         mesure_memoire.write_result(
             environment_output, mesure_memoire.environment_document(environment)

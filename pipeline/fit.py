@@ -18,16 +18,17 @@ closed the pipe early.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import calcul_forfaits
 import cli
 import run_folders
+import validate
 
 GIB = 2**30
 # The names PyTorch gives catalogue models where they differ from the catalogue's own name,
@@ -36,7 +37,13 @@ DEVICE_NAMES = {"NVIDIA H200": "h200"}
 RUN_FILES = ("environment.json", "measurement.json")
 
 
-Record = tuple[str, int, int]  # GPU name, total and free memory at start, as PyTorch says
+class Record(NamedTuple):
+    """What PyTorch said of one GPU in one run: its name, total and free memory at start."""
+
+    gpu: str
+    total: int
+    free: int
+    run: str  # the run folder (or file) it was read from
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class Need:
     gpu_name: str | None  # the GPU it was measured on
     notes: tuple[str, ...] = ()
     record: tuple[Path, Record] | None = None  # the memory PyTorch reported there
+    approximate: str | None = None  # what a prediction leaves out, when it is not exact
 
 
 @dataclass(frozen=True)
@@ -60,32 +68,21 @@ class Memory:
     context_bytes: int
     basis: str  # "measured" or "vendor figure"
     detail: str
+    runs: tuple[Record, ...] = ()  # the records a measured figure comes from
+    total_from: str | None = None  # the run that gave the total
+    context_from: str | None = None  # the run that gave the smallest context
 
     @property
     def usable_bytes(self) -> int:
         return self.total_bytes - self.context_bytes
 
 
-def read_json(path: Path) -> dict:
-    return read_json_bytes(path)[0]
+MEASUREMENTS = (*validate.MEASUREMENTS, validate.DECODER, validate.OWN_MODEL)
 
 
-def read_json_bytes(path: Path) -> tuple[dict, bytes]:
-    """A JSON object and the bytes it was read from, or one line saying why it is not one:
-    truncated, NaN or Infinity (not JSON, though Python's parser takes them), nested too deep."""
-
-    def refuse(constant: str):
-        raise ValueError(f"{constant} is not JSON")
-
-    data = path.read_bytes()
-    try:
-        document = json.loads(data, parse_constant=refuse)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeError included
-        reason = "nested too deep" if isinstance(exc, RecursionError) else exc
-        raise cli.UsageError(f"{path}: not valid JSON ({reason})") from None
-    if not isinstance(document, dict):
-        raise cli.UsageError(f"{path}: not a JSON object")
-    return document, data
+def read_checked(path: Path, kinds: tuple[str, ...], what: str, **where) -> dict:
+    """A file fit reads, checked as validate.py checks it: one line (exit 2) if not."""
+    return validate.checked(path, kinds, what, **where).document
 
 
 DECODER = "urn:iteragpu-lab:schema:decoder-measurement:"
@@ -117,23 +114,26 @@ def configuration_text(configuration: dict) -> str:
 
 
 def need_of(source: Path) -> Need:
-    """The peak a run folder, a sweep folder or a prediction file stands for."""
+    """The peak a run folder, a sweep folder or a prediction file stands for, from files that
+    validate as validate.py validates them: a file it rejects is refused, never answered."""
     if not source.exists():
         raise cli.UsageError(f"{source} does not exist")
-    try:
-        if (source / "sweep.json").is_file():
-            return sweep_need(source)
-        if (source / "measurement.json").is_file():
-            return measured_need(source / "measurement.json", source.name)
-        if source.is_file():
-            document = read_json(source)
-            if "schema" in document:
-                return measured_need(source, source.name, document)
-            return predicted_need(document, source.name)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise cli.UsageError(
-            f"{source}: not a measurement, sweep or prediction ({exc!r})"
-        ) from None
+    if (source / "sweep.json").is_file():
+        return sweep_need(source)
+    if (source / "measurement.json").is_file():
+        if (source / "environment.json").is_file():
+            read_checked(source / "environment.json", (validate.ENVIRONMENT,), "an environment")
+        return measured_need(source / "measurement.json", source.name)
+    if source.is_file():
+        document = read_checked(
+            source,
+            (*MEASUREMENTS, validate.PHASE_PREDICTION),
+            f"a measurement or a prediction ({PREDICTIONS})",
+            schema=validate.PHASE_PREDICTION,
+        )
+        if "schema" in document:
+            return measured_need(source, source.name, document)
+        return predicted_need(document, source.name)
     raise cli.UsageError(f"{source}: neither a run folder, a sweep folder nor a prediction file")
 
 
@@ -148,6 +148,7 @@ def decoder_prediction_need(document: dict, name: str) -> Need:
         "are left out"
     ]
     notes += [f"not predicted: {gap['what']}: {gap['why']}" for gap in prediction["not_predicted"]]
+    gaps = ", ".join(gap["what"] for gap in prediction["not_predicted"])
     return Need(
         peak_reserved_bytes=document["summary"]["largest_peak_reserved_bytes"],
         basis="prediction",
@@ -155,6 +156,7 @@ def decoder_prediction_need(document: dict, name: str) -> Need:
         what=configuration_text(document["configuration"]),
         gpu_name=None,
         notes=tuple(notes),
+        approximate=None if prediction["exact"] else f"it leaves out {gaps}",
     )
 
 
@@ -192,10 +194,12 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
     if prediction["status"] == "not predicted":
         why = prediction.get("reason", "the trace could not follow the code")
         raise cli.UsageError(f"{name}: not predicted ({why}): no figure to fit; measure it instead")
-    notes = []
+    notes, approximate = [], None
     if prediction["status"] == "approximate":
         unknown = "; ".join(f"{entry['op']}: {entry['why']}" for entry in prediction["unknown"])
         notes.append(f"approximate, what the prediction does not know: {unknown}")
+        ops = ", ".join(entry["op"] for entry in prediction["unknown"])
+        approximate = f"the trace does not know {ops}"
     return Need(
         peak_reserved_bytes=prediction["largest_peak_reserved_bytes"],
         basis="prediction",
@@ -203,18 +207,18 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
         what=own_model_text(document),
         gpu_name=None,
         notes=tuple(notes),
+        approximate=approximate,
     )
 
 
 def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
-    document = read_json(path) if document is None else document
-    schema = str(document.get("schema", ""))
+    if document is None:
+        document = read_checked(path, MEASUREMENTS, "a measurement")
+    schema = document["schema"]
     if schema.startswith(DECODER) and document.get("status") == "predicted":
         return decoder_prediction_need(document, name)
     if schema.startswith(OWN_MODEL) and document.get("status") == "predicted":
         return own_model_prediction_need(document, name)
-    if not schema.startswith(("urn:iteragpu-lab:schema:measurement:", DECODER, OWN_MODEL)):
-        raise cli.UsageError(f"{path}: not a measurement (schema {document.get('schema')!r})")
     if document["status"] == "failed":
         raise cli.UsageError(
             f"{path}: the workload's own code raised {document['failure']['exception_type']}: "
@@ -233,23 +237,30 @@ def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
         what=own_model_text(document) if own else configuration_text(document["configuration"]),
         gpu_name=document["environment"]["gpu"].get("name"),
         notes=(own_model_prediction_note(document),) if own else (),
-        record=(evidence_key(path), gpu_record(document)),
+        record=(evidence_key(path), gpu_record(document, name)),
     )
 
 
 def sweep_need(folder: Path) -> Need:
-    """The sweep's largest completed point: the largest configuration known to fit."""
-    sweep = read_json(folder / "sweep.json")
+    """The sweep's largest completed point: the largest configuration known to fit. Its run
+    folder, where it lies beside the sweep's, must say the same peak."""
+    sweep = read_checked(folder / "sweep.json", (validate.SWEEP,), "a sweep summary")
     point = sweep["largest_fitted"]
     if point is None:
         raise cli.UsageError(f"{folder}: no point of this sweep completed")
     vary = sweep["plan"]["vary"]
     point_file = folder.parent / point["run"] / "measurement.json"
     gpu_name = record = None
-    if point_file.is_file():  # the point's run folder, beside the sweep's
-        document = read_json(point_file)
+    if os.path.lexists(point_file):  # the point's run folder, beside the sweep's
+        document = read_checked(point_file, MEASUREMENTS, "a measurement", inside=folder.parent)
+        peak = document["summary"]["largest_peak_reserved_bytes"]
+        if peak != point["peak_reserved_bytes"]:
+            raise cli.UsageError(
+                f"{folder}/sweep.json: its largest point's peak reserved "
+                f"{point['peak_reserved_bytes']:,} bytes is not its run's, {peak:,} ({point_file})"
+            )
         gpu_name = document["environment"]["gpu"].get("name")
-        record = (evidence_key(point_file), gpu_record(document))
+        record = (evidence_key(point_file), gpu_record(document, point["run"]))
     notes = [f"the sweep stopped because {sweep['stopped_because']}"]
     return Need(
         peak_reserved_bytes=point["peak_reserved_bytes"],
@@ -280,12 +291,16 @@ def predicted_need(document: dict, name: str) -> Need:
         what=configuration_text(document["configuration"]),
         gpu_name=None,
         notes=tuple(notes),
+        approximate=None if document["library_blocks"] else "it leaves out the cuBLAS workspaces",
     )
 
 
-def gpu_record(document: dict) -> Record:
+def gpu_record(document: dict, run: str) -> Record | None:
+    """What PyTorch reported of the GPU a file names, or None where it saw no GPU."""
     gpu = document["environment"]["gpu"]
-    return (gpu["name"], gpu["total_memory_bytes"], gpu["free_memory_bytes_at_start"])
+    if not gpu.get("available"):
+        return None
+    return Record(gpu["name"], gpu["total_memory_bytes"], gpu["free_memory_bytes_at_start"], run)
 
 
 def evidence_key(path: Path) -> Path:
@@ -293,37 +308,58 @@ def evidence_key(path: Path) -> Path:
     return path.resolve().parent if path.name in RUN_FILES else path.resolve()
 
 
-def gpu_records(runs_dir: Path) -> dict[Path, Record]:
-    """What PyTorch reported of its GPU in every run folder of the runs directory, by file.
+@dataclass
+class Evidence:
+    """The GPU records fit may use, by file, and the run folders it did not trust, each with
+    the one line validate.py's rules give against it."""
 
-    A file that cannot be read is left out: validate.py is the stage that judges evidence.
-    """
-    records = {}
+    records: dict[Path, Record] = field(default_factory=dict)
+    untrusted: list[str] = field(default_factory=list)
+
+
+def gpu_records(runs_dir: Path) -> Evidence:
+    """What PyTorch reported of its GPU in every run folder of the runs directory: from its
+    environment.json, else its measurement.json, once the environment there validates (its
+    schema and its facts). A folder whose environment does not, or which a symbolic link places
+    outside the runs directory, is left out and named: one impossible figure (free memory over
+    the total, say) would change every answer for its GPU."""
+    found = Evidence()
     for folder in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else ():
         if not run_folders.RUN_ID.fullmatch(folder.name):
             continue
         for name in RUN_FILES:
             path = folder / name
-            if path.is_file():
-                with contextlib.suppress(cli.UsageError, KeyError, TypeError):
-                    records[evidence_key(path)] = gpu_record(read_json(path))
+            if not os.path.lexists(path):
+                continue
+            try:
+                environment = validate.checked_environment(path, runs_dir)
+            except cli.UsageError as exc:
+                found.untrusted.append(str(exc))
                 break
-    return records
+            record = gpu_record({"environment": environment}, folder.name)
+            if record is not None:
+                found.records[evidence_key(path)] = record
+            break
+    return found
 
 
 def measured_memory(name: str, records: list[Record]) -> Memory:
     """The smallest total and the smallest context seen: other processes only add to it."""
-    total = min(t for _, t, _ in records)
-    at_start = min(t - free for _, t, free in records)
-    context = at_start + calcul_forfaits.KERNELS_LOADED_LATER_BYTES
+    total = min(records, key=lambda r: (r.total, r.run))
+    at_start = min(records, key=lambda r: (r.total - r.free, r.run))
+    context = at_start.total - at_start.free + calcul_forfaits.KERNELS_LOADED_LATER_BYTES
     return Memory(
-        total_bytes=total,
+        total_bytes=total.total,
         context_bytes=context,
         basis="measured",
-        detail=f"{name}, {len(records)} run(s): total {total:,} bytes ({gib(total)} GiB) as "
-        f"PyTorch reports it, less the CUDA context: {at_start:,} bytes at the start (total "
-        f"minus free) + {calcul_forfaits.KERNELS_LOADED_LATER_BYTES:,} bytes of kernels loaded "
-        "later (measured on the H200)",
+        detail=f"{name}, {len(records)} run(s): total {total.total:,} bytes "
+        f"({gib(total.total)} GiB) as PyTorch reports it, less the CUDA context: "
+        f"{at_start.total - at_start.free:,} bytes at the start (total minus free) + "
+        f"{calcul_forfaits.KERNELS_LOADED_LATER_BYTES:,} bytes of kernels loaded later "
+        "(measured on the H200)",
+        runs=tuple(sorted(records, key=lambda r: r.run)),
+        total_from=total.run,
+        context_from=at_start.run,
     )
 
 
@@ -338,12 +374,12 @@ def catalogue_memory(catalogue: dict, records: list[Record]) -> dict[str, Memory
     names.update(DEVICE_NAMES)
     measured: dict[str, list[Record]] = {}
     for record in records:
-        if names.get(record[0]) in catalogue["models"]:
-            measured.setdefault(names[record[0]], []).append(record)
+        if names.get(record.gpu) in catalogue["models"]:
+            measured.setdefault(names[record.gpu], []).append(record)
     memory = {}
     for gpu in catalogue["models"]:
         if gpu in measured:
-            memory[gpu] = measured_memory(measured[gpu][0][0], measured[gpu])
+            memory[gpu] = measured_memory(measured[gpu][0].gpu, measured[gpu])
         else:
             row = catalogue["tariffs"][gpu, 3]
             memory[gpu] = Memory(
@@ -366,6 +402,17 @@ def gib_up(nbytes: int) -> str:
     return f"{hundredths // 100}.{hundredths % 100:02d}"
 
 
+MARGIN_FLOOR_BYTES = GIB  # headroom under the larger of these two is marginal
+MARGIN_SHARE = 20  # 1/20: 5% of the peak
+
+
+def margin_bytes(peak: int) -> int:
+    """The headroom under which a fit is marginal: the larger of 1 GiB and 5% of the peak.
+    Below it, what fit cannot see decides: another GPU's library workspaces, fragmentation,
+    another process, the caution of a vendor figure, an approximate prediction."""
+    return max(MARGIN_FLOOR_BYTES, -(-peak // MARGIN_SHARE))
+
+
 def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | None) -> dict:
     """Every catalogue model: does one GPU hold the need, and a one-lot package's price."""
     rows = []
@@ -382,6 +429,9 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
                 "context_room_bytes": held.context_bytes,
                 "usable_memory_bytes": held.usable_bytes,
                 "headroom_bytes": held.usable_bytes - need.peak_reserved_bytes,
+                "marginal": 0
+                <= held.usable_bytes - need.peak_reserved_bytes
+                < margin_bytes(need.peak_reserved_bytes),
                 "gpus_per_lot": quote["gpus_per_lot"],
                 "total_cents": quote["total_cents"],
                 "unit_cost_cents": quote["unit_cost_cents"],
@@ -397,6 +447,8 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
     return {
         "peak_reserved_bytes": need.peak_reserved_bytes,
         "peak_basis": need.basis,
+        "approximate": need.approximate,
+        "margin_bytes": margin_bytes(need.peak_reserved_bytes),
         # the one model on which the answer is a measurement; on every other, a prediction
         "peak_measured_on_model": memory_name(need.gpu_name) if need.basis == "measured" else None,
         "source": need.source,
@@ -411,6 +463,15 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
         "rule": "one GPU holds the peak when peak reserved + CUDA context <= the total memory "
         "PyTorch reports; several GPUs sharing one peak is not modelled",
         "memory_bases": bases,
+        "measured_memory": {
+            gpu: {
+                "total_from": held.total_from,
+                "context_from": held.context_from,
+                "runs": [record._asdict() for record in held.runs],
+            }
+            for gpu, held in memory.items()
+            if held.basis == "measured"
+        },
         "days": days,
         "accepted_results": accepted,
         "price_status": catalogue["price_status"],
@@ -425,14 +486,78 @@ def lot_text(row: dict) -> str:
     return f"lot of {row['gpus_per_lot']} GPUs" if row["gpus_per_lot"] > 1 else "1 GPU"
 
 
-def render(result: dict) -> str:
+def explain(result: dict) -> list[str]:
+    """Which run gave each measured figure: every record, the total's and the context's."""
+    lines = []
+    for gpu, found in result["measured_memory"].items():
+        lines.append(
+            f"  {gpu}: the total from run {found['total_from']}, the smallest context from run "
+            f"{found['context_from']}; the {len(found['runs'])} run(s) by what they reported:"
+        )
+        alike: dict[tuple, list[str]] = {}
+        for record in found["runs"]:
+            alike.setdefault((record["gpu"], record["total"], record["free"]), []).append(
+                record["run"]
+            )
+        for (name, total, free), runs in alike.items():
+            named = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+            lines.append(
+                f"    {name}: total {total:,}, free at start {free:,}, context "
+                f"{total - free:,} bytes: {named}"
+            )
+    return lines
+
+
+def headline(result: dict) -> list[str]:
+    """The answer first, with how sure it is: the cheapest model that holds the peak, a
+    MARGINAL line when its headroom is thin, an APPROXIMATE line when the peak is a prediction
+    that leaves something out."""
+    fitting = [row for row in result["rows"] if row["fits"]]
+    peak = f"{gib_up(result['peak_reserved_bytes'])} GiB"
+    if not fitting:
+        lines = [f"answer: no catalogue model holds {peak} on one GPU"]
+    else:
+        best = fitting[0]
+        price = calcul_forfaits.dollars(best["total_cents"])
+        lines = [
+            f"answer: {best['gpu']} ({lot_text(best)}), {price}"
+            f" for {result['days']} days, holds {peak} with {gib(best['headroom_bytes'])} GiB "
+            f"headroom ({best['memory_basis']})"
+        ]
+        if best["marginal"]:
+            roomy = next((row for row in fitting if not row["marginal"]), None)
+            lines.append(
+                f"  MARGINAL: under {gib_up(result['margin_bytes'])} GiB of headroom (the larger of"
+                " 1 GiB and 5% of the peak) what fit cannot see decides: other libraries' "
+                "workspaces, fragmentation, the caution of a vendor figure; "
+                + (
+                    f"the cheapest with room: {roomy['gpu']} ({lot_text(roomy)}), "
+                    f"{calcul_forfaits.dollars(roomy['total_cents'])}"
+                    if roomy
+                    else "no model holds it with room"
+                )
+            )
+    if result["approximate"]:
+        lines.append(
+            f"  APPROXIMATE: the peak is a prediction that is not exact ({result['approximate']}):"
+            " measure it before you rent"
+        )
+    return lines
+
+
+def render(result: dict, explained: bool = False) -> str:
     where = f"measured on {result['measured_on']}" if result["measured_on"] else "GPU unknown"
     basis = where if result["peak_basis"] == "measured" else result["peak_basis"]
     lines = [
+        *headline(result),
         f"peak reserved {gib_up(result['peak_reserved_bytes'])} GiB "
         f"({result['peak_reserved_bytes']:,} bytes, {basis}): "
         f"{result['source']}, {result['configuration']}",
         *(f"  note: {note}" for note in result["notes"]),
+        *(
+            f"  warning: a run folder left out of the GPU memory figures: {line}"
+            for line in result.get("untrusted_runs", [])
+        ),
         f"rule: {result['rule']}",
         f"{result['days']}-day package, one lot per model, "
         + (
@@ -452,7 +577,7 @@ def render(result: dict) -> str:
             row["gpu"],
             f"{gib(row['usable_memory_bytes'])} GiB",
             row["memory_basis"],
-            f"{gib(row['headroom_bytes'])} GiB",
+            f"{gib(row['headroom_bytes'])} GiB" + (" MARGINAL" if row["marginal"] else ""),
             lot_text(row),
             calcul_forfaits.dollars(row["total_cents"]),
         ]
@@ -485,6 +610,8 @@ def render(result: dict) -> str:
         )
     lines.append("memory sources:")
     lines += [f"  {basis}: {detail}" for basis, detail in result["memory_bases"].items()]
+    if explained:
+        lines += explain(result) or ["  no model's memory is measured in these runs"]
     lines.append(
         f"tariffs: {result['tariffs_file']}, price_status {result['price_status']}, "
         f"snapshot {result['snapshot_date']}, sha256 {result['tariffs_sha256']}"
@@ -492,11 +619,13 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def evidence(runs_dir: Path, needs: list[Need]) -> list[Record]:
+def evidence(runs_dir: Path, needs: list[Need]) -> Evidence:
     """The runs directory's records and the sources' own, each file counted once."""
-    records = gpu_records(runs_dir)
-    records.update(need.record for need in needs if need.record is not None)
-    return list(records.values())
+    found = gpu_records(runs_dir)
+    found.records.update(
+        need.record for need in needs if need.record is not None and need.record[1] is not None
+    )
+    return found
 
 
 def load_catalogue(tariffs: str | None) -> dict:
@@ -533,6 +662,11 @@ def parser() -> cli.Parser:
         metavar="DIR",
         help="where measured memory is looked for (default: $ITERAGPU_RUNS_DIR, else runs/)",
     )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="name the runs each measured memory figure comes from",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -541,12 +675,17 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = parser().parse_args(argv)
         need = need_of(args.source)
+        if need.basis == "prediction" and need.peak_reserved_bytes < 1:  # nothing allocated
+            raise cli.UsageError(f"{args.source}: a peak of 0 bytes reserved: nothing to fit")
         catalogue = load_catalogue(args.tariffs)
         runs_dir = run_folders.runs_directory(args.runs_dir)
-        memory = catalogue_memory(catalogue, evidence(runs_dir, [need]))
+        found = evidence(runs_dir, [need])
+        memory = catalogue_memory(catalogue, list(found.records.values()))
         result = fit(need, catalogue, memory, args.days, args.accepted_results)
+        result["untrusted_runs"] = found.untrusted
+        text = json.dumps(result, indent=2) if args.json else render(result, args.explain)
         try:
-            print(json.dumps(result, indent=2) if args.json else render(result), flush=True)
+            print(text, flush=True)
         except BrokenPipeError:  # `| head` stopped reading: Python's documented way to stay quiet
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return cli.INVALID

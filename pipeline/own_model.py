@@ -925,18 +925,19 @@ def estimate(args) -> int:
 
 
 def read_calibration(path: Path):
-    """An own-model measurement's calibration, for operator calls with the same signatures."""
-    try:
-        document = json.loads(path.read_bytes())
-        calibration = trace_prediction.Calibration.from_json(document, path.name)
-        gpu = document["environment"]["gpu"].get("name")
-        version = document["environment"]["torch"].get("version")
-    except (ValueError, KeyError, TypeError):
+    """An own-model measurement's calibration, for operator calls with the same signatures:
+    a file that validates as validate.py validates it, measured with a calibration."""
+    import validate  # validate imports this module for its facts: read here, when needed
+
+    document = validate.checked(path, (SCHEMA,), "an own_model.py measurement").document
+    if "calibration" not in document:
         raise cli.UsageError(
-            f"--calibration {path}: not an own_model.py measurement with a calibration"
-        ) from None
-    if document.get("schema") != SCHEMA:
-        raise cli.UsageError(f"--calibration {path}: not an own_model.py measurement")
+            f"--calibration {path}: an own_model.py {document['status']} file without a "
+            "calibration; give a measurement that has one"
+        )
+    calibration = trace_prediction.Calibration.from_json(document, path.name)
+    gpu = document["environment"]["gpu"].get("name")
+    version = document["environment"]["torch"].get("version")
     return calibration, f"{path.name} ({gpu}, torch {version})"
 
 

@@ -274,9 +274,13 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
     path = folder / "measurement.json"
     if not os.path.lexists(path):
         raise cli.UsageError(f"{folder}: no measurement.json, nothing to record")
+    environment = folder / "environment.json"
+    for read in (folder, path, environment):
+        if os.path.lexists(read) and validate.outside(read, folder.parent):
+            # validate.py never follows a link: a row whose evidence it cannot check is refused
+            raise cli.UsageError(f"{read}: a symbolic link out of {folder.parent}: not recorded")
     measurement = validate.read_artefact(path, registry)
     errors = [f"{path}: {error}" for error in measurement.errors]
-    environment = folder / "environment.json"
     if os.path.lexists(environment):
         problems = validate.read_artefact(environment, registry).errors
         errors += [f"{environment}: {error}" for error in problems]
@@ -308,6 +312,8 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
     if refusals:
         raise cli.UsageError(f"quality values refused: {'; '.join(refusals)}")
     log = folder.parent / log_name
+    if os.path.lexists(log) and validate.outside(log, folder.parent):
+        raise cli.UsageError(f"{log}: a symbolic link out of {folder.parent}: nothing appended")
     line = append_row(log, row, registry, protocol)
     print(f"{folder}: recorded in {log}, line {line}")
     return cli.OK

@@ -30,6 +30,7 @@ import calcul_forfaits
 import cli
 import fit
 import run_folders
+import validate
 
 GIB, MIB = 2**30, 2**20
 REPORT_SCHEMA = "urn:iteragpu-lab:schema:report:v1"
@@ -88,7 +89,8 @@ def pyplot():
 
 def read_source(folder: Path) -> Source:
     if (folder / "sweep.json").is_file():
-        document, data = fit.read_json_bytes(folder / "sweep.json")
+        read = validate.checked(folder / "sweep.json", (validate.SWEEP,), "a sweep summary")
+        document, data = read.document, read.data
         source = Source(folder, "sweep.json", document, hashlib.sha256(data).hexdigest())
         try:
             if document["largest_fitted"] is not None:
@@ -101,7 +103,8 @@ def read_source(folder: Path) -> Source:
         return source
     if (folder / "measurement.json").is_file():
         path = folder / "measurement.json"
-        document, data = fit.read_json_bytes(path)
+        read = validate.checked(path, fit.MEASUREMENTS, "a measurement")
+        document, data = read.document, read.data
         source = Source(folder, "measurement.json", document, hashlib.sha256(data).hexdigest())
         try:
             gpu = document["environment"]["gpu"]
@@ -219,7 +222,7 @@ def run_text(document: dict) -> str:
 
 def usable_line(source: Source, records: list[fit.Record]) -> tuple[int, str] | None:
     """The memory PyTorch can use on the sweep's GPU, and how the line's label says it."""
-    mine = [r for r in records if r[0] == source.gpu_name]
+    mine = [r for r in records if r.gpu == source.gpu_name]
     if mine:
         memory = fit.measured_memory(source.gpu_name, mine)
         how = "measured"
@@ -500,7 +503,7 @@ def plan(sources: list[Source], args, runs_dir: Path) -> Plan:
     """Every picture, rendered; report.json is written from what this returns."""
     result = Plan()
     needs = [s.need for s in sources if s.need is not None]
-    records = fit.evidence(runs_dir, needs)
+    records = list(fit.evidence(runs_dir, needs).records.values())
     lines = None
     for source in sources:
         try:

@@ -58,6 +58,9 @@ MEASUREMENTS = ("urn:iteragpu-lab:schema:measurement:v1", "urn:iteragpu-lab:sche
 DECODER = decoder.SCHEMA
 OWN_MODEL = "urn:iteragpu-lab:schema:own-model-measurement:v1"
 RESULTS_ROW = "urn:iteragpu-lab:schema:results-row:v1"
+PHASE_PREDICTION = "urn:iteragpu-lab:schema:phase-prediction:v1"  # estimate --phases --json
+SWEEP = "urn:iteragpu-lab:schema:sweep:v1"
+CALIBRATION = decoder.CALIBRATION_SCHEMA
 # A run folder's files: their names promise their kind.
 NAMED_KINDS = {
     "environment.json": ((ENVIRONMENT,), "an environment"),
@@ -403,23 +406,121 @@ def decoder_prediction_facts(prediction: dict, phases: list[dict]) -> list[str]:
     return errors
 
 
-def validate_document(document, registry: Registry) -> list[str]:
-    """Schema errors first (with paths); facts only once the shape is known to be right."""
+def environment_facts(where: str, environment: dict) -> list[str]:
+    """What PyTorch reported of its GPU must be possible: free memory is part of the total, so
+    the CUDA context (total minus free) is never negative. fit.py sizes every GPU from these
+    two figures: one impossible pair would change every answer for that GPU."""
+    gpu = environment["gpu"]
+    if not gpu.get("available"):
+        return []
+    total, free = gpu["total_memory_bytes"], gpu["free_memory_bytes_at_start"]
+    if free > total:
+        return [
+            f"{where}.gpu.free_memory_bytes_at_start: {free} > total_memory_bytes {total} "
+            "(free memory is part of the total)"
+        ]
+    return []
+
+
+def calibration_run_facts(document: dict) -> list[str]:
+    """A decoder measurement's calibration was measured on the GPU model and PyTorch it ran
+    with: kernels' own blocks belong to one GPU model and one PyTorch."""
+    calibration = document["prediction"]["calibration"]
+    if calibration is None or document["status"] == "predicted":
+        return []
+    ran = {
+        "gpu": document["environment"]["gpu"].get("name"),
+        "torch": document["environment"]["torch"].get("version"),
+    }
+    return [
+        f"$.prediction.calibration.{key}: {calibration[key]!r}, but the run used {value!r}"
+        for key, value in ran.items()
+        if calibration[key] != value
+    ]
+
+
+PASSES_CHECKED = 100_000  # warm-up and repeats a phase prediction may have to be re-derived
+
+
+def phase_prediction_facts(document: dict) -> list[str]:
+    """`estimate --phases --json` is derived from its configuration and library blocks alone:
+    its rows must be what the allocator model gives for them, to the byte."""
+    configuration = document["configuration"]
+    passes = configuration["warmup"] + configuration["repeats"]
+    if passes > PASSES_CHECKED:
+        return [
+            f"$.configuration: warmup + repeats {passes} is over {PASSES_CHECKED:,}, too many "
+            "passes to re-derive the prediction"
+        ]
+    expected = mesure_memoire.predict_phases(configuration, document["library_blocks"])
+    if len(document["phases"]) != len(expected):
+        return [
+            f"$.phases: {len(document['phases'])} rows, the configuration gives {len(expected)}"
+        ]
+    for i, (row, want) in enumerate(zip(document["phases"], expected, strict=True)):
+        for key, value in want.items():
+            if row[key] != value:
+                return [
+                    f"$.phases[{i}].{key}: {row[key]!r}, but the allocator model gives "
+                    f"{value!r} for this configuration"
+                ]
+    return []
+
+
+def sweep_facts(document: dict) -> list[str]:
+    """The sweep's answer is its last completed point, and each point's counters agree."""
+    points = document["points"]
+    errors = []
+    for i, point in enumerate(points):
+        if point["peak_allocated_bytes"] > point["peak_reserved_bytes"]:
+            errors.append(f"$.points[{i}]: peak_allocated_bytes > peak_reserved_bytes")
+    runs = [point["run"] for point in points]
+    if len(set(runs)) != len(runs):
+        errors.append("$.points: a run folder is named twice")
+    completed = [point for point in points if point["status"] == "completed"]
+    if document["largest_fitted"] != (completed[-1] if completed else None):
+        errors.append("$.largest_fitted: not the last completed point of $.points")
+    return errors
+
+
+def document_facts(document: dict) -> list[str]:
+    """The facts of a document whose schema holds: each kind's own, then its environment's."""
+    schema = document["schema"]
+    if schema == SWEEP:
+        return sweep_facts(document)
+    if schema == CALIBRATION:
+        return decoder.calibration_facts(document)
+    if schema == ENVIRONMENT:
+        return environment_facts("$.environment", document["environment"])
+    if schema == PHASE_PREDICTION:
+        return phase_prediction_facts(document)
+    if schema == DECODER:
+        errors = decoder_facts(document) + calibration_run_facts(document)
+    elif schema == OWN_MODEL:
+        import own_model  # its facts live with it; imported only for its files (~70 ms)
+
+        errors = own_model.document_facts(document)
+    elif schema in MEASUREMENTS:
+        errors = measurement_facts(document) + prediction_facts(document)
+    else:
+        return []
+    if isinstance(document.get("environment"), dict):  # a prediction has none
+        errors += environment_facts("$.environment", document["environment"])
+    return errors
+
+
+def validate_document(document, registry: Registry, schema: str | None = None) -> list[str]:
+    """Schema errors first (with paths); facts only once the shape is known to be right.
+    `schema` names the schema of a document that carries none (a phase prediction)."""
+    if schema is not None and isinstance(document, dict) and "schema" not in document:
+        document = {"schema": schema, **document}
     if not isinstance(document, dict) or not isinstance(document.get("schema"), str):
         return ['$: not an artefact: no "schema" key naming its schema']
     if document["schema"] == RESULTS_ROW or document["schema"] not in registry:
         return [f"$.schema: unknown artefact schema {document['schema']!r}"]
     try:
         errors = schema_errors(document, document["schema"], registry)
-        if not errors and document["schema"] == DECODER:
-            return decoder_facts(document)
-        if not errors and document["schema"] == OWN_MODEL:
-            import own_model  # its facts live with it; imported only for its files (~70 ms)
-
-            return own_model.document_facts(document)
-        if errors or document["schema"] not in MEASUREMENTS:
-            return errors
-        return measurement_facts(document) + prediction_facts(document)
+        return errors or document_facts(document)
     except RecursionError:  # a value nested hundreds deep where the schema wants a number
         return ["$: nested too deeply to check"]
 
@@ -456,6 +557,84 @@ def read_artefact(path: Path, registry: Registry) -> Artefact:
     if document["schema"] not in kinds:
         errors = [f"$.schema: {document['schema']!r} is not {kind}, which {path.name} holds"]
     return Artefact(data, document, errors)
+
+
+# ---------------------------------------------------------------- reading at the edge
+
+
+@functools.cache
+def registry() -> Registry:
+    """The schemas, loaded once per process for the stages that read artefacts."""
+    return load_registry()
+
+
+def outside(path: Path, folder: Path) -> bool:
+    """Whether `path`, its links followed, lies outside `folder`: a link there reads or
+    writes a file the runs folder does not hold."""
+    return not path.resolve().is_relative_to(folder.resolve())
+
+
+def checked(
+    path: Path,
+    kinds: tuple[str, ...],
+    what: str,
+    schema: str | None = None,
+    inside: Path | None = None,
+) -> Artefact:
+    """The one reader of every file a stage reads: the schema it names (or `schema`, for a
+    file that names none) must be one of `kinds`, and the schema and the facts validate.py
+    applies must hold; otherwise one line, as a UsageError (exit 2, nothing written). With
+    `inside`, a file that a symbolic link places outside that folder is refused unread."""
+    if inside is not None and outside(path, inside):
+        raise cli.UsageError(f"{path}: a symbolic link out of {inside}: not read")
+    if not path.is_file():
+        raise cli.UsageError(
+            f"{path}: no such file" if not path.exists() else f"{path}: not a file"
+        )
+    data = path.read_bytes()
+    try:
+        document = load_json(data)
+    except ValueError as exc:
+        raise cli.UsageError(f"{path}: not valid JSON ({exc}): not {what}") from None
+    if isinstance(document, dict) and schema is not None and "schema" not in document:
+        named = schema
+    else:
+        named = document.get("schema") if isinstance(document, dict) else None
+    if named not in kinds:
+        raise cli.UsageError(f"{path}: not {what} (schema {named!r})")
+    errors = validate_document(document, registry(), schema)
+    if errors:
+        first = errors[0] if len(errors[0]) <= 300 else errors[0][:299] + "…"
+        more = f" (and {len(errors) - 1} more: validate.py lists them)" if len(errors) > 1 else ""
+        raise cli.UsageError(f"{path}: {first}{more}")
+    return Artefact(data, document, [])
+
+
+def checked_environment(path: Path, inside: Path) -> dict:
+    """The environment a run folder's environment.json or measurement.json records, checked by
+    the environment schema and its facts, as `checked` would check it, without the rest of a
+    measurement: fit.py reads only this part of every folder of the runs directory, and
+    validating whole measurements there would cost 25 ms each."""
+    if outside(path, inside):
+        raise cli.UsageError(f"{path}: a symbolic link out of {inside}: not read")
+    try:
+        document = load_json(path.read_bytes())
+    except ValueError as exc:
+        raise cli.UsageError(f"{path}: not valid JSON ({exc})") from None
+    named = document.get("schema") if isinstance(document, dict) else None
+    if named not in (ENVIRONMENT, *MEASUREMENTS, DECODER, OWN_MODEL):
+        raise cli.UsageError(f"{path}: not an environment or a measurement (schema {named!r})")
+    environment = document.get("environment")
+    reference = {"$ref": f"{ENVIRONMENT}#/$defs/environment"}
+    validator = Validator(reference, registry=registry(), format_checker=FORMATS)
+    errors = [
+        f"$.environment{json_path(e.absolute_path)[1:]}: {e.message}"
+        for e in validator.iter_errors(environment)
+    ]
+    errors = errors or environment_facts("$.environment", environment)
+    if errors:
+        raise cli.UsageError(f"{path}: {errors[0]}")
+    return environment
 
 
 # ---------------------------------------------------------------- the quality protocol

@@ -396,7 +396,7 @@ def test_a_decoder_sweeps_picture_draws_every_catalogue_models_usable_memory(oom
 def test_the_lines_are_labelled_on_the_picture_and_the_out_of_memory_point_apart(oom_sweep):
     path, runs_dir = oom_sweep[3], oom_sweep[4]
     source = report.read_source(path.parent)
-    records = fit.evidence(runs_dir, [source.need])
+    records = list(fit.evidence(runs_dir, [source.need]).records.values())
     lines = report.catalogue_lines(fit.load_catalogue(None), records)
     figure = report.sweep_picture(source, records, lines)
     axes = figure.axes[0]

@@ -26,6 +26,7 @@ ITS_OOM_POINT = "20261202T113228Z-e07683"  # context 8388608, out of memory
 LARGE_RUN = "20261202T112323Z-50900d"  # batch 2, context 128, width 1024, float32
 H200_TOTAL = 150_109_880_320  # total_memory_bytes in every committed H200 run
 H200_AT_START = 150_109_880_320 - 149_557_477_376  # total minus free when the process starts
+GIB = 2**30
 KERNELS_LATER = 165_675_008  # measured on the H200 after the first forward passes
 H200_USABLE = H200_TOTAL - H200_AT_START - KERNELS_LATER  # 149,391,802,368
 SWEEP_PEAK = 77_366_034_432
@@ -94,6 +95,7 @@ def test_the_context_sweep_fits_where_its_peak_and_the_context_fit(tmp_path):
         "context_room_bytes": H200_AT_START + KERNELS_LATER,
         "usable_memory_bytes": 149_391_802_368,
         "headroom_bytes": 149_391_802_368 - SWEEP_PEAK,
+        "marginal": False,
         "gpus_per_lot": 1,
         "total_cents": 56952,
         "unit_cost_cents": "1423.80",
@@ -119,6 +121,12 @@ def test_the_text_names_the_peak_its_source_and_which_memory_was_used(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == (
+        "answer: a100-80 (1 GPU), $230.16 for 7 days, holds 72.06 GiB with 1.78 GiB headroom "
+        "(vendor figure)"
+    )
+    assert lines[1].startswith("  MARGINAL: under 3.61 GiB of headroom")
+    assert lines[1].endswith("the cheapest with room: mi300x (1 GPU), $337.68")
+    assert lines[2] == (
         "peak reserved 72.06 GiB (77,366,034,432 bytes, measured on NVIDIA H200): "
         f"{CONTEXT_SWEEP}, its largest completed point, context 2097152 "
         "(batch 2, width 1024, dtype bfloat16)"
@@ -132,7 +140,7 @@ def test_the_text_names_the_peak_its_source_and_which_memory_was_used(tmp_path):
     assert " ".join(rows["b200"][-6:]) == "lot of 2 GPUs $1,696.80 $42.4200"
     assert (
         " ".join(rows["a100-80"])
-        == "a100-80 73.83 GiB vendor figure 1.78 GiB 1 GPU $230.16 $5.7540"
+        == "a100-80 73.83 GiB vendor figure 1.78 GiB MARGINAL 1 GPU $230.16 $5.7540"
     )
     assert (
         " ".join(rows["l4"]) == "l4 21.68 GiB vendor figure short by 50.37 GiB 1 GPU does not fit"
@@ -177,7 +185,10 @@ def test_several_runs_of_a_model_give_its_smallest_total_and_smallest_context():
     """Other processes on the GPU only ever add to total minus free: the least is the context."""
     memory = fit.measured_memory(
         "NVIDIA H200",
-        [("NVIDIA H200", 100 * 2**30, 99 * 2**30), ("NVIDIA H200", 101 * 2**30, 90 * 2**30)],
+        [
+            fit.Record("NVIDIA H200", 100 * 2**30, 99 * 2**30, "a"),
+            fit.Record("NVIDIA H200", 101 * 2**30, 90 * 2**30, "b"),
+        ],
     )
     assert (memory.total_bytes, memory.context_bytes) == (100 * 2**30, 2**30 + KERNELS_LATER)
     assert memory.usable_bytes == 99 * 2**30 - KERNELS_LATER
@@ -231,7 +242,7 @@ def test_when_nothing_holds_the_peak_on_one_gpu_it_says_so(tmp_path):
 @example(peak=140_281_922_048 + 1)  # one byte over the vendor-figure H200
 def test_one_gpu_holds_a_peak_exactly_when_peak_plus_context_fit_in_its_total(peak):
     catalogue = fit.load_catalogue(None)
-    records = [("NVIDIA H200", H200_TOTAL, H200_TOTAL - H200_AT_START)]
+    records = [fit.Record("NVIDIA H200", H200_TOTAL, H200_TOTAL - H200_AT_START, "run")]
     memory = fit.catalogue_memory(catalogue, records)
     need = fit.Need(peak, "prediction", "p.json", "", None)
     result = fit.fit(need, catalogue, memory, 7, 40)
@@ -247,8 +258,8 @@ def test_one_gpu_holds_a_peak_exactly_when_peak_plus_context_fit_in_its_total(pe
 
 BAD = [
     ("truncated", "not valid JSON (Expecting"),
-    ("nan", "not valid JSON (NaN is not JSON)"),
-    ("deep", "not valid JSON (nested too deep)"),
+    ("nan", "not valid JSON (NaN is not a JSON number)"),
+    ("deep", "not valid JSON (nested too deeply)"),
     ("oom", "the run ended out_of_memory: its peak is what the GPU held when it stopped"),
     ("missing", "does not exist"),
     ("not-a-run", "neither a run folder, a sweep folder nor a prediction file"),
@@ -297,7 +308,7 @@ def test_nox_fit_runs_the_stage_and_ends_with_its_exit_code(tmp_path):
         [*command, str(folder), "--days", "7"], capture_output=True, text=True, env=env, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(
+    assert done.stdout.splitlines()[1].startswith(
         "peak reserved 0.09 GiB (92,274,688 bytes, measured on NVIDIA H200)"
     )
     refused = subprocess.run(
@@ -370,7 +381,12 @@ def test_a_decoder_prediction_says_it_is_one_and_when_nothing_fits(tmp_path):
         "fit.py", str(prediction), "--days", "3", "--json", "--runs-dir", str(tmp_path)
     )
     assert json.loads(answer.stdout)["peak_measured_on_model"] is None
-    first = result.stdout.splitlines()[0]
+    headline, approximate, first = result.stdout.splitlines()[:3]
+    assert headline.startswith("answer: no catalogue model holds ")
+    assert approximate == (
+        "  APPROXIMATE: the peak is a prediction that is not exact (it leaves out kernel-internal "
+        "blocks): measure it before you rent"
+    )
     assert first.startswith("peak reserved ")
     assert "bytes, prediction): prediction.json, llama-3.1-8b, batch 256, prompt 8192" in first
     assert "  note: no calibration: the kernels' own blocks" in result.stdout
@@ -442,6 +458,9 @@ def test_an_own_model_prediction_that_is_approximate_says_so(tmp_path, capsys):
     )
     document["prediction"]["status"] = "not predicted"
     document["prediction"]["reason"] = "the trace itself failed (RuntimeError): not predicted"
+    document["prediction"].update(
+        phases=[], largest_peak_allocated_bytes=None, largest_peak_reserved_bytes=None
+    )
     prediction.write_text(json.dumps(document))
     assert fit.main([str(prediction), "--days", "3", "--runs-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
@@ -463,4 +482,60 @@ def test_a_failed_own_model_run_is_refused(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"fit.py: error: {folder / 'measurement.json'}: the workload's own code raised "
         "KeyError: a failed run is not a measurement\n"
+    )
+
+
+def answer_text(peak: int, approximate: str | None = None) -> tuple[dict, list[str]]:
+    catalogue = fit.load_catalogue(None)
+    records = [fit.Record("NVIDIA H200", H200_TOTAL, H200_TOTAL - H200_AT_START, "run")]
+    memory = fit.catalogue_memory(catalogue, records)
+    need = fit.Need(peak, "prediction", "p.json", "", None, approximate=approximate)
+    result = fit.fit(need, catalogue, memory, 7, None)
+    return result, fit.render(result).splitlines()
+
+
+def test_thin_headroom_is_marginal_in_the_headline_and_its_row():
+    """0.26 GiB over a vendor figure is no answer to rent on: the headline says so and names
+    the cheapest model that holds the peak with room."""
+    l4 = next(row for row in answer_text(1)[0]["rows"] if row["gpu"] == "l4")
+    peak = l4["usable_memory_bytes"] - int(0.265 * GIB)
+    result, lines = answer_text(peak)
+    rows = {row["gpu"]: row for row in result["rows"]}
+    assert rows["l4"]["marginal"]
+    assert rows["l4"]["fits"]
+    assert not rows["a6000"]["marginal"]
+    assert lines[0] == (
+        f"answer: l4 (1 GPU), $68.88 for 7 days, holds {fit.gib_up(peak)} GiB with 0.26 GiB "
+        "headroom (vendor figure)"
+    )
+    margin = fit.gib_up(-(-peak // 20))  # 5% of the peak: over 1 GiB here
+    assert lines[1].startswith(f"  MARGINAL: under {margin} GiB of headroom (the larger of 1 GiB")
+    assert lines[1].endswith("the cheapest with room: a6000 (1 GPU), $90.72")
+    assert any(line.startswith("  l4 ") and "0.26 GiB MARGINAL" in line for line in lines)
+
+
+def test_headroom_of_at_least_the_margin_is_not_marginal():
+    result, lines = answer_text(2**30)
+    assert not any(row["marginal"] for row in result["rows"])
+    assert not any("MARGINAL" in line for line in lines)
+    peak = 100 * GIB  # 5% of it, 5 GiB, is the margin
+    rows = {row["gpu"]: row for row in answer_text(peak)[0]["rows"]}
+    assert rows["h200"]["headroom_bytes"] >= 5 * GIB
+    assert not rows["h200"]["marginal"]
+    squeezed = rows["h200"]["usable_memory_bytes"] - 5 * GIB + 1
+    rows = {row["gpu"]: row for row in answer_text(squeezed)[0]["rows"]}
+    assert rows["h200"]["marginal"] == (rows["h200"]["headroom_bytes"] < -(-squeezed // 20))
+
+
+def test_an_approximate_prediction_says_so_in_the_headline(tmp_path):
+    _, lines = answer_text(GIB, approximate="the trace does not know aten.foo")
+    assert lines[1] == (
+        "  APPROXIMATE: the peak is a prediction that is not exact (the trace does not know "
+        "aten.foo): measure it before you rent"
+    )
+    path = prediction(tmp_path, "estimate", "--phases", "--width", "256", "--json")
+    text = run_script("fit.py", str(path), "--days", "7", "--runs-dir", str(tmp_path)).stdout
+    assert (
+        "  APPROXIMATE: the peak is a prediction that is not exact (it leaves out the cuBLAS"
+        in (text)
     )

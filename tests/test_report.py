@@ -179,7 +179,7 @@ BAD = [
         "argument --days: must be 3, 7 or 30",
     ),
     ("truncated", [], "measurement.json: not valid JSON (Expecting "),
-    ("nan", [], "measurement.json: not valid JSON (NaN is not JSON)"),
+    ("nan", [], "measurement.json: not valid JSON (NaN is not a JSON number)"),
     ("not-a-run", [], "neither a run folder nor a sweep folder"),
     ("missing", [], "nowhere does not exist"),
     ("twice", [], "two sources share a folder name: their pictures would too"),
@@ -251,7 +251,7 @@ def texts(figure) -> list[str]:
 def test_peaks_of_the_context_sweep_keep_the_out_of_memory_point_off_the_curve(tmp_path):
     runs = runs_with(tmp_path, CONTEXT_SWEEP, ITS_LARGEST_POINT)
     sweep = source(runs, CONTEXT_SWEEP)
-    figure = report.sweep_picture(sweep, fit.evidence(runs, [sweep.need]))
+    figure = report.sweep_picture(sweep, list(fit.evidence(runs, [sweep.need]).records.values()))
     [axes] = figure.axes
     curves = {line.get_label(): line for line in axes.get_lines()}
     measured = curves["peak reserved (measured)"]
@@ -273,7 +273,7 @@ def test_peaks_of_the_context_sweep_keep_the_out_of_memory_point_off_the_curve(t
 def test_peaks_of_the_20_point_width_sweep_are_scaled_to_the_data(tmp_path):
     runs = runs_with(tmp_path, WIDTH_SWEEP, WIDTH_SWEEP_LAST_POINT)
     sweep = source(runs, WIDTH_SWEEP)
-    figure = report.sweep_picture(sweep, fit.evidence(runs, [sweep.need]))
+    figure = report.sweep_picture(sweep, list(fit.evidence(runs, [sweep.need]).records.values()))
     [axes] = figure.axes
     assert axes.get_ylabel() == "MiB (2^20 bytes): PyTorch allocator, this process"
     assert axes.get_yscale() == "linear"
@@ -289,7 +289,9 @@ def test_the_cost_picture_shows_values_source_and_that_prices_are_illustrative(t
     runs = runs_with(tmp_path, CONTEXT_SWEEP, ITS_LARGEST_POINT)
     sweep = source(runs, CONTEXT_SWEEP)
     catalogue = fit.load_catalogue(None)
-    memory = fit.catalogue_memory(catalogue, fit.evidence(runs, [sweep.need]))
+    memory = fit.catalogue_memory(
+        catalogue, list(fit.evidence(runs, [sweep.need]).records.values())
+    )
     figure = report.cost_picture(fit.fit(sweep.need, catalogue, memory, 7, 40), sweep.need)
     [axes] = figure.axes
     labels = [t.get_text() for t in axes.get_yticklabels()]
@@ -370,7 +372,7 @@ def test_the_gpu_line_is_drawn_while_the_peaks_keep_two_fifths_of_the_axis(tmp_p
     runs = tmp_path / "runs"
     shutil.copytree(check, runs)
     sweep = source(runs, sweep_name)
-    figure = report.sweep_picture(sweep, fit.evidence(runs, [sweep.need]))
+    figure = report.sweep_picture(sweep, list(fit.evidence(runs, [sweep.need]).records.values()))
     [axes] = figure.axes
     labels = [line.get_label() for line in axes.get_lines()]
     assert (
