@@ -586,7 +586,7 @@ def shape_args(width: int, heads: int, kv_heads: int) -> list[str]:
         (["--preset", "llama-3.1-8b", "--new-tokens", "1"], "needs --new-tokens >= 2"),
         (["--preset", "llama-9b"], "argument --preset: invalid choice: 'llama-9b'"),
         (["--preset", "llama-3.1-8b", "--batch", "0"], "expected a positive integer, got '0'"),
-        ([*TINY_ARGS, "--calibration", "absent.json"], "absent.json: not a readable JSON"),
+        ([*TINY_ARGS, "--calibration", "absent.json"], "absent.json: no such file"),
     ],
 )
 def test_a_bad_shape_or_run_is_refused_in_one_line_and_writes_nothing(tmp_path, argv, message):

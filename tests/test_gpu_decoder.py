@@ -91,3 +91,26 @@ def test_out_of_memory_is_an_observation_with_exit_3(tmp_path):
     assert document["status"] == "out_of_memory"
     assert document["failure"]["phase"] == "inputs_and_cache"
     assert [row["phase"] for row in document["phases"]] == ["model_load"]
+
+
+def test_a_calibration_of_another_gpu_is_refused_before_anything_is_written(tmp_path):
+    """--calibration names the kernels of one GPU model and one PyTorch: on another, measure
+    refuses it in one line once it has seen the GPU, and writes neither file."""
+    committed = sorted(validate.ROOT.glob("runs/*/decoder-calibration.json"))[-1]
+    document = json.loads(committed.read_text())
+    document["gpu"]["name"] = "NVIDIA A100-SXM4-80GB"
+    other = tmp_path / "a100-calibration.json"
+    other.write_text(json.dumps(document))
+    out, environment = tmp_path / "m.json", tmp_path / "e.json"
+    result = run_script(
+        "decoder.py", "measure", "--device", "cuda:0", *SMALL, "--calibration", str(other),
+        "--output", str(out), "--environment-output", str(environment),
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(
+        "decoder.py: error: --calibration a100-calibration.json was measured on NVIDIA "
+        "A100-SXM4-80GB with torch "
+    )
+    assert result.stderr.count("\n") == 1
+    assert not out.exists()
+    assert not environment.exists()
