@@ -34,13 +34,33 @@ def block(nbytes: int) -> int:
     return max(KB, -(-nbytes // KB) * KB)
 
 
+# A named committed H200 environment: never "the newest runs/ folder", which a user's own
+# run (even one refused for want of a GPU) would be.
+COMMITTED_ENVIRONMENT = "20261202T125840Z-53bc76/environment.json"
+
+
 def committed_environment() -> dict:
     """A committed H200 environment, with the allocator settings the model replays."""
-    path = sorted(RUNS.glob("*/environment.json"))[-1]
+    path = RUNS / COMMITTED_ENVIRONMENT
     environment = json.loads(path.read_text(encoding="utf-8"))["environment"]
     settings_ = dict(mesure_memoire.MODELLED_ALLOCATOR, roundup_power2_divisions={})
     environment["gpu"]["allocator_settings"] = settings_
     return environment
+
+
+def test_the_committed_environment_ignores_a_newer_run_folder(tmp_path, monkeypatch):
+    """A README-style `nox -s measure` without a GPU leaves runs/<newer id>/environment.json
+    (no GPU in it): the tests' environment is still the named committed H200 one."""
+    before = committed_environment()
+    for name in ("20261202T125840Z-53bc76", "20991231T235959Z-ffffff"):  # committed, then newer
+        (tmp_path / name).mkdir()
+    (tmp_path / COMMITTED_ENVIRONMENT).write_bytes((RUNS / COMMITTED_ENVIRONMENT).read_bytes())
+    refused = json.loads((RUNS / COMMITTED_ENVIRONMENT).read_bytes())
+    refused["environment"]["gpu"] = {"available": False}
+    (tmp_path / "20991231T235959Z-ffffff" / "environment.json").write_text(json.dumps(refused))
+    monkeypatch.setitem(globals(), "RUNS", tmp_path)
+    assert committed_environment() == before
+    assert before["gpu"]["name"] == "NVIDIA H200"
 
 
 def host_gpu():
