@@ -35,6 +35,9 @@ WORKLOADS = PIPELINE / "workloads"
 sys.path.insert(0, str(PIPELINE))
 import mesure_memoire  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+import gpu_guard  # noqa: E402
+
 COUNTERS = mesure_memoire.COUNTER_KEYS
 EXAMPLES = {
     "resnet": "resnet_cnn.py:resnet",
@@ -332,4 +335,5 @@ if __name__ == "__main__":
         help="EXAMPLE-SIZE-DTYPE,... compared event by event with the allocator's history",
     )
     ARGS = parser.parse_args()
+    gpu_guard.require_gpu("own_model_grid.py", ARGS.device)
     raise SystemExit(main())
