@@ -1070,3 +1070,14 @@ def test_validate_applies_the_own_model_facts(capsys, tmp_path):
     assert validate.validate_document(document, registry) == [
         "$.summary.prediction.held: True, the rows give None"
     ]
+
+
+def test_a_missing_calibration_is_named_in_plain_words(tmp_path):
+    """Not Python's `[Errno 2] No such file or directory: '...'`."""
+    missing = tmp_path / "absent.json"
+    spec = f"{PIPELINE / 'workloads' / 'resnet_cnn.py'}:resnet"
+    result = run_script(
+        "own_model.py", "estimate", "--workload", spec, "--calibration", str(missing)
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"own_model.py: error: {missing}: no such file or directory\n"
