@@ -46,15 +46,6 @@ def os_message(exc: Exception) -> str:
     return str(exc)
 
 
-def existing_file(text: str) -> Path:
-    """An input file named on the command line (argparse type): missing is one plain line."""
-    path = Path(text)
-    if not path.is_file():
-        why = "a folder, not a file" if path.is_dir() else "no such file"
-        raise argparse.ArgumentTypeError(f"{text}: {why}")
-    return path
-
-
 def device(text: str) -> str:
     """A GPU device as `measure` takes it (`cuda` or `cuda:N`), checked before any work."""
     try:

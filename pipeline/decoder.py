@@ -910,6 +910,14 @@ def committed_gpus() -> list[str]:
     return sorted(committed_calibrations())
 
 
+def existing_calibration(path: Path) -> Path:
+    """--calibration FILE, which must be there: one plain line if not, never [Errno 2]."""
+    if not path.is_file():
+        why = "a folder, not a file" if path.is_dir() else "no such file"
+        raise cli.UsageError(f"argument --calibration: {path}: {why}")
+    return path
+
+
 def calibration_for_gpu(gpu: str) -> Path:
     """--gpu ID: the committed calibration of that GPU model, or one line naming those there are."""
     found = committed_calibrations()
@@ -1207,7 +1215,7 @@ def add_run(parser) -> None:
             )
     parser.add_argument(
         "--calibration",
-        type=cli.existing_file,
+        type=Path,
         help="a decoder calibration JSON (kernel-internal blocks for one GPU and PyTorch)",
     )
 
@@ -1260,7 +1268,7 @@ def main(argv: list[str] | None = None, process_start: str = mesure_memoire.FRES
                 raise cli.UsageError("give --gpu or --calibration, not both")
             args.calibration = calibration_for_gpu(args.gpu)
         if args.calibration is not None:
-            args.calibration = Calibration.load(args.calibration)
+            args.calibration = Calibration.load(existing_calibration(args.calibration))
         if args.command == "estimate":
             document = predicted_document(shape, preset, run, args.calibration)
             if args.json:
