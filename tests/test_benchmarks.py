@@ -75,3 +75,24 @@ def test_the_trace_refit_from_a_committed_trace_still_needs_no_gpu(tmp_path):
     assert "error" not in result.stderr
     assert "kernel blocks not predicted" in result.stdout
     assert (tmp_path / "out").is_dir()
+
+
+def test_the_own_model_grid_exits_1_when_a_point_was_not_measured(tmp_path, monkeypatch):
+    """Not exit 0 with '0/0 held': a point whose process wrote nothing (or failed) fails it."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "own_model_grid", BENCHMARKS / "own_model_grid.py"
+    )
+    grid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid)
+    grid.ARGS = argparse.Namespace(device="cuda:0", output_dir=str(tmp_path / "out"), only="grid")
+    entry = {"name": "resnet-small-bfloat16", "exit": 2, "stderr_tail": "no GPU"}
+    monkeypatch.setattr(grid, "grid", lambda out: [entry])
+    assert grid.main() == 1
+    monkeypatch.setattr(
+        grid, "grid", lambda out: [{"name": "x", "prediction": "exact", "held": True}]
+    )
+    grid.ARGS.output_dir = str(tmp_path / "again")
+    assert grid.main() == 0

@@ -316,6 +316,10 @@ def main() -> int:
         f"done in {summary['seconds']} s; exact predictions that held: "
         f"{sum(bool(e['held']) for e in held)}/{len(held)}; summary in {out / 'summary.json'}"
     )
+    unmeasured = [e["name"] for e in summary.get("grid", []) if "stderr_tail" in e]
+    if unmeasured:  # a grid that measured nothing is no success
+        print(f"{len(unmeasured)} point(s) not measured: {', '.join(unmeasured)}", file=sys.stderr)
+        return 1
     return 0
 
 
