@@ -591,10 +591,14 @@ def plan(sources: list[Source], args, runs_dir: Path) -> Plan:
                 name = f"peaks-{source.name}.png"
                 result.files[name] = png(sweep_picture(source, records, catalogue=lines))
                 line = usable_line(source, records)
+                mine = fit.DEVICE_NAMES.get(source.gpu_name or "")
+                drawn = [c for c in lines if c["gpu"] != mine]  # as sweep_picture draws them
                 if line is not None:
                     result.memory.append(
                         {"gpu": source.gpu_name, "usable_bytes": line[0], "label": line[1]}
                     )
+                    drawn = [c for c in drawn if c["usable_bytes"] != line[0]]
+                result.memory += [c for c in drawn if c not in result.memory]
             else:
                 name = f"memory-{source.name}.png"
                 result.files[name] = png(run_picture(source))

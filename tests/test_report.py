@@ -97,14 +97,18 @@ def test_report_json_names_each_source_and_picture_by_its_sha256(tmp_path):
     }
     assert {p["file"]: p["from"] for p in document["pictures"]}["cost-7d-40.png"] == [CONTEXT_SWEEP]
     assert document["cost"]["peak_reserved_bytes"] == 77_366_034_432  # the sweep's, the largest
+    records = fit.evidence(runs, [report.read_source(runs / CONTEXT_SWEEP).need])
+    others = report.catalogue_lines(fit.load_catalogue(None), records)
     assert document["usable_memory_lines"] == [
         {
             "gpu": "NVIDIA H200",
             "usable_bytes": H200_USABLE,
             "label": "NVIDIA H200: 139.13 GiB usable by PyTorch = 139.80 GiB total - 0.67 GiB "
             "CUDA context (measured)",
-        }
+        },
+        *[line for line in others if line["gpu"] != "h200"],  # every other line drawn
     ]
+    assert len(document["usable_memory_lines"]) == len(others)
     assert str(tmp_path) not in (folder / "report.json").read_text()  # no path, no user name
     # `validate runs/` walks report folders too: their report.json must be an artefact.
     assert validate.validate_document(document, validate.load_registry()) == []
