@@ -6,6 +6,9 @@ PYTHON ?= python3
 TOOLS := .tools
 NOX := $(if $(shell command -v nox 2>/dev/null),nox,$(TOOLS)/bin/nox)
 NOX_PIN := nox==2026.10.20
+# With pyenv, the kit's Pythons 3.10-3.13 are put on PATH for the tests, as CI does (see
+# .ci/kit-pythons); a kit Python nox cannot find fails `make test`.
+KIT_PYENV = $(shell .ci/kit-pythons 2>/dev/null)
 
 .DEFAULT_GOAL := help
 
@@ -26,7 +29,8 @@ nox: $(if $(filter nox,$(NOX)),,$(TOOLS)/nox-only/nox)  ## Bootstrap nox into .t
 
 .PHONY: test
 test: nox  ## Lint, then run the tests (CPU torch) and the kit tests on Python 3.10-3.13
-	$(NOX) -s lint tests kit
+	$(if $(KIT_PYENV),@echo "Python versions on PATH: $(KIT_PYENV)")
+	$(if $(KIT_PYENV),PYENV_VERSION=$(KIT_PYENV) )$(NOX) -s lint tests kit
 
 .PHONY: archive
 archive: nox  ## Build dist/iteragpu-lab-v1.zip and MANIFEST.json (no GPU; never overwrites)

@@ -6,10 +6,13 @@ PyTorch works with your GPU. They never install torch. Which interpreter that is
 environment, skipping the environments make and nox build (`.tools/`, `.nox/`): those have
 no PyTorch of yours. Test and lint sessions build their own pinned virtual environments.
 Every stage session exits with the stage's own code (README's table); usage errors exit 2.
+A stage runs in the folder nox was started from (`nox -f PATH/noxfile.py`), so relative paths
+given to it mean what they mean in your shell.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -17,11 +20,26 @@ from pathlib import Path
 from typing import NoReturn
 
 import nox
+import nox.virtualenv
+from packaging.version import Version
 
 nox.needs_version = ">=2026.10.20"  # CommandFailed.return_code
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "tests"]
+# A kit Python that cannot be found fails the kit session: it is never skipped in silence.
+nox.options.error_on_missing_interpreters = True
+
+# nox asks for uv on every session, to learn which environment backends exist, and logs
+# "uv binary not found." when there is none. No session here uses uv: where uv is absent
+# (no $UV, no uv on PATH, no uv package beside nox), give nox that answer before it asks.
+if "UV" not in os.environ and shutil.which("uv") is None:
+    import importlib.util
+
+    if importlib.util.find_spec("uv") is None:
+        nox.virtualenv.HAS_UV = False
+        nox.virtualenv.UV = "uv"
+        nox.virtualenv.UV_VERSION = Version("0.0")
 
 ROOT = Path(__file__).resolve().parent
 PIPELINE = ROOT / "pipeline"
@@ -137,8 +155,13 @@ def run_stage(
             install_once(session, group)
     if runs_dir and os.environ.get("ITERAGPU_RUNS_DIR"):
         args = ["--runs-dir", os.environ["ITERAGPU_RUNS_DIR"], *args]
+    # Relative paths are your shell's: a stage runs where nox was started (nox itself moves to
+    # the noxfile's folder), and says so when that is not the repository root.
+    invoked = Path(session.invoked_from).resolve()
+    where = session.chdir(invoked) if invoked != ROOT else contextlib.nullcontext()
     try:
-        session.run(python, str(PIPELINE / script), *leading, *args, external=True)
+        with where:
+            session.run(python, str(PIPELINE / script), *leading, *args, external=True)
     except nox.command.CommandFailed as failed:  # no code: nox could not start it at all
         raise SystemExit(USAGE if failed.return_code is None else failed.return_code) from None
 

@@ -91,7 +91,7 @@ def check_measure_flags(flags: list[str], workload: str = "network") -> None:
     decoder.shape_from_args(args)
     decoder.run_configuration(args)
     if args.calibration is not None:
-        decoder.Calibration.load(args.calibration)
+        decoder.Calibration.load(decoder.existing_calibration(args.calibration))
 
 
 def run_steps(

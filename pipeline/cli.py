@@ -32,11 +32,18 @@ def run(prog: str, body: Callable[[], int], interrupted: str = "every file writt
     try:
         return body()
     except (UsageError, OSError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {os_message(exc)}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
         print(f"{prog}: interrupted: {interrupted}", file=sys.stderr)
         return INTERRUPTED
+
+
+def os_message(exc: Exception) -> str:
+    """An error in a user's words: `PATH: no such file or directory`, not `[Errno 2] ...`."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror[0].lower()}{exc.strerror[1:]}"
+    return str(exc)
 
 
 def device(text: str) -> str:

@@ -902,8 +902,71 @@ def predicted_document(shape: Shape, preset: str | None, run: dict, calibration)
     }
 
 
+GIB = 2**30
+
+
+def headline(document: dict) -> str:
+    """The answer first: the largest peak reserved, and whether it is exact, where and why."""
+    peak = document["summary"]["largest_peak_reserved_bytes"]
+    prediction = document["prediction"]
+    calibration = prediction["calibration"]
+    said = f"peak reserved {peak / GIB:.2f} GiB ({peak:,} bytes)"
+    if prediction["exact"] and calibration:
+        return (
+            f"{said}, exact on {calibration['gpu']} with PyTorch {calibration['torch']} "
+            f"and calibration {calibration['file']}"
+        )
+    if calibration:
+        gaps = "; ".join(gap["what"] for gap in prediction["not_predicted"])
+        return f"{said}, approximate on {calibration['gpu']} ({gaps} not predicted)"
+    return (
+        f"{said}, approximate: no calibration, so kernel-internal blocks are left out "
+        f"(--gpu {' or --gpu '.join(committed_gpus()) or 'ID'} or --calibration FILE for an "
+        "exact one)"
+    )
+
+
+def committed_calibrations() -> dict[str, Path]:
+    """The newest committed decoder calibration of each GPU model, by --gpu id: the model
+    name's last word in lower case (NVIDIA H200: h200)."""
+    found: dict[str, Path] = {}
+    for path in sorted(CALIBRATIONS.glob("*/decoder-calibration.json"), reverse=True):
+        try:
+            name = json.loads(path.read_bytes()).get("gpu", {}).get("name")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(name, str) and name.split():
+            found.setdefault(name.split()[-1].lower(), path)
+    return found
+
+
+def committed_gpus() -> list[str]:
+    return sorted(committed_calibrations())
+
+
+def existing_calibration(path: Path) -> Path:
+    """--calibration FILE, which must be there: one plain line if not, never [Errno 2]."""
+    if not path.is_file():
+        why = "a folder, not a file" if path.is_dir() else "no such file"
+        raise cli.UsageError(f"argument --calibration: {path}: {why}")
+    return path
+
+
+def calibration_for_gpu(gpu: str) -> Path:
+    """--gpu ID: the committed calibration of that GPU model, or one line naming those there are."""
+    found = committed_calibrations()
+    if gpu.lower() not in found:
+        known = ", ".join(sorted(found)) or "none"
+        raise cli.UsageError(
+            f"argument --gpu: no committed decoder calibration for {gpu!r} (committed: {known}); "
+            "--calibration FILE names another"
+        )
+    return found[gpu.lower()]
+
+
 def print_prediction(document: dict) -> None:
     model, cache, prediction = document["model"], document["cache"], document["prediction"]
+    print(headline(document))
     print(f"parameters      {model['parameters']} ({model['parameter_bytes']} bytes)")
     print(f"KV cache        {cache['bytes']} bytes ({cache['positions']} positions)")
     print(f"attention       {prediction['attention_backend']}")
@@ -1216,6 +1279,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("estimate", help="predict every phase's counters, no torch, no GPU")
     add_shape(p)
     add_run(p)
+    p.add_argument(
+        "--gpu",
+        metavar="ID",
+        help="predict for this GPU model with its committed calibration (e.g. h200)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p = commands.add_parser("measure", help="measure generation phase by phase on one GPU")
     p.add_argument("--device", required=True, help="cuda or cuda:N (never the CPU)")
@@ -1244,8 +1312,12 @@ def main(argv: list[str] | None = None, process_start: str = mesure_memoire.FRES
             return print_presets()
         shape, preset = shape_from_args(args)
         run = run_configuration(args)
+        if getattr(args, "gpu", None) is not None:
+            if args.calibration is not None:
+                raise cli.UsageError("give --gpu or --calibration, not both")
+            args.calibration = calibration_for_gpu(args.gpu)
         if args.calibration is not None:
-            args.calibration = Calibration.load(args.calibration)
+            args.calibration = Calibration.load(existing_calibration(args.calibration))
         if args.command == "estimate":
             document = predicted_document(shape, preset, run, args.calibration)
             if args.json:

@@ -3,8 +3,8 @@
     python3 pipeline/report.py runs/<run-id>/ [runs/<id>-sweep/ ...] \
         [--days 7 --accepted-results 40] [--output NEW_DIR]
 
-A run folder gives memory-<run>.png, a sweep folder peaks-<sweep>.png (a decoder sweep's with
-the memory PyTorch can use on one GPU of each catalogue model drawn across it), and --days with
+A run folder gives memory-<run>.png, a sweep folder peaks-<sweep>.png (with the memory PyTorch
+can use on one GPU of each catalogue model drawn across it), and --days with
 --accepted-results cost-<days>d-<N>.png: the cost per accepted result of every catalogue model
 whose one GPU holds the largest completed peak, by fit.py's rule. They go into one new folder
 (by default runs/<id>-report/, under $ITERAGPU_RUNS_DIR when it is set), never into a run
@@ -42,7 +42,12 @@ COUNTERS = {  # key: what a reader calls it
     "reserved_bytes": "reserved at its end",
     "peak_reserved_bytes": "peak reserved",
 }
-COLOURS = ["#9ecae1", "#4292c6", "#08519c", "#fdae6b", "#f16913", "#a63603"]
+# Six counters, six hues a reader tells apart (Okabe and Ito's colour-blind-safe set); the
+# reserved counters are also hatched, so that the two families stay apart in grey too.
+COLOURS = ["#56B4E9", "#0072B2", "#009E73", "#E69F00", "#D55E00", "#CC79A7"]
+HATCHES = ["", "", "", "//", "//", "//"]
+DPI = 110  # the pictures' resolution: a title wraps to the figure's width at it
+CHAR_PX = 9.5  # a character of a 10-point title at DPI, generously
 
 
 @dataclass
@@ -171,7 +176,16 @@ def run_picture(source: Source):
         predicted_label += f" (APPROXIMATE: {', '.join(unknown) or 'see the file'})"
     for i, (key, name) in enumerate(COUNTERS.items()):
         xs = [p + (i - 2.5) * width for p in range(len(phases))]
-        axes.bar(xs, [row[key] / scale for row in phases], width, label=name, color=COLOURS[i])
+        axes.bar(
+            xs,
+            [row[key] / scale for row in phases],
+            width,
+            label=name,
+            color=COLOURS[i],
+            hatch=HATCHES[i],
+            edgecolor="white",
+            linewidth=0.4,
+        )
         if all("predicted" in row for row in phases):
             axes.scatter(
                 xs,
@@ -195,14 +209,26 @@ def run_picture(source: Source):
         else ""
     )
     axes.set_title(
-        f"Memory per phase{status}: {source.gpu_name or 'GPU not recorded'}\n"
-        f"run {source.name}: {run_text(document)}{folded_text}",
+        wrapped(
+            f"Memory per phase{status}: {source.gpu_name or 'GPU not recorded'}\n"
+            f"run {source.name}: {run_text(document)}{folded_text}",
+            figure,
+        ),
         fontsize=10,
     )
     figure.legend(
         fontsize=8, ncol=2 if len(predicted_label) > 40 else 4, loc="outside lower center"
     )
     return figure
+
+
+def wrapped(title: str, figure) -> str:
+    """Each line of a title wrapped to the figure's width: a title never widens a picture."""
+    width = max(40, int(figure.get_figwidth() * DPI / CHAR_PX))
+    return "\n".join(
+        "\n".join(textwrap.wrap(line, width, break_on_hyphens=False) or [""])
+        for line in title.split("\n")
+    )
 
 
 def run_text(document: dict) -> str:
@@ -258,19 +284,47 @@ def catalogue_lines(catalogue: dict, records: list[fit.Record]) -> list[dict]:
     ]
 
 
-def draw_catalogue(axes, lines: list[dict], scale: int, top: float) -> float:
-    """The models' usable memory as labelled dashed lines, up to twice the largest peak (the
-    others named in a corner); returns the height the axis must reach to show them."""
+def draw_catalogue(
+    axes, lines: list[dict], scale: int, top: float, corner: float = 0.99
+) -> tuple[float, list]:
+    """The models' usable memory as dashed lines, up to twice the largest peak (the others
+    named in a corner); returns the height the axis must reach to show them, and the labels
+    label_lines() writes once the axis has its limits."""
     shown = [line for line in lines if line["usable_bytes"] / scale <= 2 * top]
     above = [line for line in lines if line not in shown]
+    labels = []
     for line in shown:
         measured = line["label"].endswith("(measured)")
         colour = "#b30000" if measured else "#737373"
         axes.axhline(line["usable_bytes"] / scale, color=colour, linestyle="--", linewidth=0.9)
+        labels.append((line["usable_bytes"] / scale, line["label"], colour))
+    if above:  # one short line: the smallest of them, and how many there are
+        smallest = min(above, key=lambda line: line["usable_bytes"])
+        others = f" and {len(above) - 1} more" if len(above) > 1 else ""
+        axes.text(
+            0.01,
+            corner,
+            f"above this scale: {smallest['label']}{others}",
+            transform=axes.transAxes,
+            va="top",
+            fontsize=7.5,
+            color="#737373",
+        )
+    return max((line["usable_bytes"] / scale for line in shown), default=0), labels
+
+
+def label_lines(axes, labels: list, gap: float = 0.032) -> None:
+    """Each line's label right of the axes, at its height, pushed up just enough that no two
+    overlap (lines close together on a log axis would print over each other)."""
+    to_axes = axes.transAxes.inverted()
+    placed = -1.0
+    for y, text, colour in sorted(labels):
+        at = to_axes.transform(axes.transData.transform((0, y)))[1]
+        placed = max(at, placed + gap)
         axes.annotate(  # right of the axes: clear of the points and their labels
-            line["label"],
-            (1, line["usable_bytes"] / scale),
-            xycoords=("axes fraction", "data"),
+            text,
+            (1, placed),
+            xycoords="axes fraction",
             xytext=(4, 0),
             textcoords="offset points",
             ha="left",
@@ -278,17 +332,6 @@ def draw_catalogue(axes, lines: list[dict], scale: int, top: float) -> float:
             fontsize=7.5,
             color=colour,
         )
-    if above:
-        axes.text(
-            0.01,
-            0.99,
-            "above this scale: " + "; ".join(line["label"] for line in above),
-            transform=axes.transAxes,
-            va="top",
-            fontsize=7.5,
-            color="#737373",
-        )
-    return max((line["usable_bytes"] / scale for line in shown), default=0)
 
 
 def fixed_text(sweep: dict) -> str:
@@ -307,10 +350,18 @@ def fixed_text(sweep: dict) -> str:
     )
 
 
-def sweep_picture(source: Source, records: list[fit.Record], lines: list[dict] | None = None):
-    """Logarithmic axes where the data span more than 30 times; otherwise a linear axis from
-    zero scaled to the data, so that a sweep of a few MiB is no flat line under the GPU's.
-    With `lines` (a decoder sweep's catalogue models), those instead of the sweep's GPU's."""
+def sweep_picture(
+    source: Source,
+    records: list[fit.Record],
+    lines: list[dict] | None = None,
+    catalogue: list[dict] | None = None,
+):
+    """A logarithmic axis where the completed peaks span more than 30 times; otherwise a
+    linear axis from zero scaled to the data, so that a sweep of a few MiB is no flat line
+    under the GPU's. With `lines` (a decoder sweep's catalogue models), those instead of the
+    sweep's GPU's; with `catalogue`, the sweep's GPU's line and every other model's besides.
+    A point that ran out of memory is marked where it was tried: at its value, on the line of
+    the memory it did not fit in."""
     plt = pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, ScalarFormatter
 
@@ -318,11 +369,14 @@ def sweep_picture(source: Source, records: list[fit.Record], lines: list[dict] |
     vary = sweep["plan"]["vary"]
     done = [p for p in sweep["points"] if p["status"] == "completed"]
     failed = [p for p in sweep["points"] if p["status"] != "completed"]
-    values = [
-        p[k] for p in sweep["points"] for k in ("peak_allocated_bytes", "peak_reserved_bytes")
-    ]
+    # The scale is the completed points' peaks alone, the same rule for every workload: what
+    # a point that stopped held when it stopped says nothing of what it needed.
+    measured = done or sweep["points"]
+    values = [p[k] for p in measured for k in ("peak_allocated_bytes", "peak_reserved_bytes")]
     scale, unit_name = unit(max(values))
-    log_y = max(values) > 30 * max(1, min(values))
+    reserved = [p["peak_reserved_bytes"] for p in measured]
+    log_y = max(reserved) > 30 * max(1, min(reserved))
+    own_line = usable_line(source, records)
     figure, axes = plt.subplots(figsize=(10, 6.4), layout="constrained")
     x_done = [p["configuration"][vary] for p in done]
     for key, style, name in (
@@ -351,9 +405,20 @@ def sweep_picture(source: Source, records: list[fit.Record], lines: list[dict] |
                 else None
             ),
         )
-    for n, p in enumerate(failed):  # apart from the curve: what was held when it stopped
-        x, y = p["configuration"][vary], p["peak_reserved_bytes"] / scale
+    top = max(values) / scale
+    for n, p in enumerate(failed):  # where the attempt was: above what the GPU could give
+        x = p["configuration"][vary]
         what = p["status"].replace("_", " ")
+        held = f"{fit.gib(p['peak_reserved_bytes'])} GiB held at the stop"
+        if p["status"] == "out_of_memory" and own_line is not None:
+            y = own_line[0] / scale
+            text = f"{what} at {x:,}:\nneeds more than\n{fit.gib(own_line[0])} GiB\n({held})"
+            name = f"{what}: the point tried, at the memory it could not fit in"
+        else:
+            y = max(p["peak_reserved_bytes"] / scale, top)
+            text = f"{what}\nat {x:,}\n({held})"
+            name = f"{what}: the point tried"
+        top = max(top, y)
         axes.plot(
             [x],
             [y],
@@ -361,37 +426,44 @@ def sweep_picture(source: Source, records: list[fit.Record], lines: list[dict] |
             color="red",
             markersize=11,
             linestyle="none",
-            label=f"{what}: peak reserved when it stopped" if n == 0 else None,
+            label=name if n == 0 else None,
         )
-        axes.annotate(
-            f"{what}\nat {x:,}:\n{fit.gib(p['peak_reserved_bytes'])} GiB\nreserved",
+        axes.annotate(  # in the lower right corner, which a rising curve leaves empty
+            text,
             (x, y),
-            xytext=(9, 0),
-            textcoords="offset points",
-            ha="left",
-            va="center",
+            xytext=(0.98, 0.04 + 0.2 * n),
+            textcoords="axes fraction",
+            ha="right",
+            va="bottom",
             fontsize=8,
             color="red",
+            bbox={"facecolor": "white", "edgecolor": "red", "linewidth": 0.5, "pad": 3},
+            arrowprops={"arrowstyle": "->", "color": "red", "linewidth": 0.8},
         )
-    top = max(values) / scale
-    line = None if lines is not None else usable_line(source, records)
-    reach = draw_catalogue(axes, lines, scale, top) if lines is not None else 0
+    line = None if lines is not None else own_line
+    if line is not None and catalogue is not None:  # the sweep's GPU is drawn as its own line
+        mine = fit.DEVICE_NAMES.get(source.gpu_name or "")
+        lines = [c for c in catalogue if c["gpu"] != mine and c["usable_bytes"] != line[0]]
+    far = line is not None and line[0] / scale > (10 if log_y else 2.5) * top
+    corner = 0.9 if far else 0.99  # below the note that the GPU's line is far above
+    reach, labels = (0, []) if lines is None else draw_catalogue(axes, lines, scale, top, corner)
     if line is not None:
         usable, label = line
         # drawn while the data keep at least 40% of a linear axis (10x on a log one)
         if usable / scale <= (10 if log_y else 2.5) * top:
             axes.axhline(usable / scale, color="red", linestyle="--", label=label)
             reach = max(reach, usable / scale)  # the axis reaches the line
-            axes.annotate(
+            axes.annotate(  # left, above the line: the right is where a stopped point goes
                 f"{fit.gib(usable)} GiB usable by PyTorch",
-                (0.99, usable / scale),
+                (0.01, usable / scale),
                 xycoords=("axes fraction", "data"),
-                xytext=(0, -4),
+                xytext=(0, 3),
                 textcoords="offset points",
-                ha="right",
-                va="top",
+                ha="left",
+                va="bottom",
                 fontsize=8,
                 color="red",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
             )
         else:  # a line at 140 GiB would flatten peaks of a few MiB: name it instead
             share = 100 * max(values) / usable
@@ -417,7 +489,7 @@ def sweep_picture(source: Source, records: list[fit.Record], lines: list[dict] |
         low, high = axes.get_xlim()
         log_x = axes.get_xscale() == "log"
         axes.set_xlim(low, high * 6 if log_x else high + 0.35 * (high - low))
-    if lines is not None:  # what the dashed lines are, in the legend
+    if labels:  # what the dashed lines are, in the legend
         axes.plot(
             [],
             [],
@@ -430,8 +502,11 @@ def sweep_picture(source: Source, records: list[fit.Record], lines: list[dict] |
     if log_y:
         axes.set_yscale("log")
         axes.yaxis.set_major_formatter(ScalarFormatter())
+        low, high = axes.get_ylim()
+        axes.set_ylim(low, max(high, top * 1.5, reach * 1.2))
     else:
         axes.set_ylim(0, max(top * 1.25, reach * 1.06))
+    label_lines(axes, labels)
     axes.set_xlabel(vary)
     axes.set_ylabel(f"{unit_name}: PyTorch allocator, this process")
     fixed = fixed_text(sweep)
@@ -493,7 +568,7 @@ def cost_picture(result: dict, need: fit.Need):
 
 def png(figure) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
     figure.clf()
     pyplot().close(figure)
     return buffer.getvalue()
@@ -514,13 +589,19 @@ def plan(sources: list[Source], args, runs_dir: Path) -> Plan:
                 result.files[name] = png(sweep_picture(source, records, lines))
                 result.memory += [line for line in lines if line not in result.memory]
             elif source.file == "sweep.json":
+                if lines is None:
+                    lines = catalogue_lines(fit.load_catalogue(args.tariffs), records)
                 name = f"peaks-{source.name}.png"
-                result.files[name] = png(sweep_picture(source, records))
+                result.files[name] = png(sweep_picture(source, records, catalogue=lines))
                 line = usable_line(source, records)
+                mine = fit.DEVICE_NAMES.get(source.gpu_name or "")
+                drawn = [c for c in lines if c["gpu"] != mine]  # as sweep_picture draws them
                 if line is not None:
                     result.memory.append(
                         {"gpu": source.gpu_name, "usable_bytes": line[0], "label": line[1]}
                     )
+                    drawn = [c for c in drawn if c["usable_bytes"] != line[0]]
+                result.memory += [c for c in drawn if c not in result.memory]
             else:
                 name = f"memory-{source.name}.png"
                 result.files[name] = png(run_picture(source))

@@ -586,7 +586,10 @@ def shape_args(width: int, heads: int, kv_heads: int) -> list[str]:
         (["--preset", "llama-3.1-8b", "--new-tokens", "1"], "needs --new-tokens >= 2"),
         (["--preset", "llama-9b"], "argument --preset: invalid choice: 'llama-9b'"),
         (["--preset", "llama-3.1-8b", "--batch", "0"], "expected a positive integer, got '0'"),
-        ([*TINY_ARGS, "--calibration", "absent.json"], "absent.json: no such file"),
+        (
+            [*TINY_ARGS, "--calibration", "absent.json"],
+            "argument --calibration: absent.json: no such file",
+        ),
     ],
 )
 def test_a_bad_shape_or_run_is_refused_in_one_line_and_writes_nothing(tmp_path, argv, message):
@@ -919,3 +922,62 @@ def test_every_half_precision_grid_point_is_predicted_to_the_byte_by_the_newest_
     elif keys >= 302 and kv_rows <= 63:
         expected |= {f"{SPLIT_KV}, untraced range"}
     assert set(mirror.not_predicted) == expected
+
+
+# ------------------------------------------------------------------ estimate: the answer first
+
+H200_CALIBRATION = "runs/20261203T101500Z-decoder-calibration/decoder-calibration.json"
+LLAMA_8B = ["--preset", "llama-3.1-8b", "--batch", "8", "--prompt", "2048", "--new-tokens", "128"]
+LLAMA_8B += ["--dtype", "bfloat16"]
+
+
+def estimate(*args: str):
+    result = run_script("decoder.py", "estimate", *LLAMA_8B, *args, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_estimate_says_first_the_peak_and_that_it_is_exact_with_the_committed_h200_calibration():
+    """`--gpu h200` picks the newest committed H200 calibration; the first line is the answer."""
+    document = json.loads(estimate("--gpu", "h200", "--json").stdout)
+    peak = document["summary"]["largest_peak_reserved_bytes"]
+    assert document["prediction"]["calibration"]["file"] == H200_CALIBRATION
+    first = estimate("--gpu", "h200").stdout.splitlines()[0]
+    assert first == (
+        f"peak reserved {peak / 2**30:.2f} GiB ({peak:,} bytes), exact on NVIDIA H200 with "
+        f"PyTorch 2.11.0+cu130 and calibration {H200_CALIBRATION}"
+    )
+    assert first.startswith("peak reserved 18.55 GiB (19,920,846,848 bytes), exact on")
+    named = json.loads(estimate("--calibration", H200_CALIBRATION, "--json").stdout)
+    assert named["phases"] == document["phases"]  # the same as naming the file
+
+
+def test_estimate_without_a_calibration_says_approximate_and_how_to_make_it_exact():
+    first = estimate().stdout.splitlines()[0]
+    assert first == (
+        "peak reserved 18.52 GiB (19,887,292,416 bytes), approximate: no calibration, so "
+        "kernel-internal blocks are left out (--gpu h200 or --calibration FILE for an exact one)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--gpu", "b200"],
+            "decoder.py: error: argument --gpu: no committed decoder calibration for 'b200' "
+            "(committed: h200); --calibration FILE names another",
+        ),
+        (
+            ["--gpu", "h200", "--calibration", H200_CALIBRATION],
+            "decoder.py: error: give --gpu or --calibration, not both",
+        ),
+        (
+            ["--calibration", "absent.json"],
+            "decoder.py: error: argument --calibration: absent.json: no such file",
+        ),
+    ],
+)
+def test_estimate_refuses_a_gpu_without_calibration_in_one_line(argv, message):
+    result = run_script("decoder.py", "estimate", *LLAMA_8B, *argv, cwd=ROOT)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", message + "\n")

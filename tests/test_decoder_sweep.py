@@ -409,7 +409,9 @@ def test_the_lines_are_labelled_on_the_picture_and_the_out_of_memory_point_apart
     )
     assert len(dashed) == len(CATALOGUE_LINES)
     assert dashed[6] == round(H200_USABLE / 2**30, 2)  # drawn at the height its label says
-    assert "out of memory\nat 512:\n15.08 GiB\nreserved" in texts
+    assert (
+        "out of memory at 512:\nneeds more than\n139.13 GiB\n(15.08 GiB held at the stop)" in texts
+    )
     assert axes.get_ylim()[1] >= 237.74  # the highest line within the picture
     assert axes.get_title().startswith("Peak memory against batch: NVIDIA H200\n")
     assert "decoder llama-3.1-8b, prompt 2048, new_tokens 8, dtype bfloat16" in (

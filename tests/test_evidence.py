@@ -41,3 +41,20 @@ def test_every_sweep_point_is_a_run_folder_of_its_own():
     for summary in RUNS.glob("*-sweep/sweep.json"):
         for point in json.loads(summary.read_text())["points"]:
             assert (RUNS / point["run"] / "measurement.json").is_file(), point["run"]
+
+
+def test_no_test_takes_the_newest_or_first_runs_folder_it_finds():
+    """A user's own run (even one refused for want of a GPU) is a newer runs/ folder: tests
+    read named committed fixtures, never the last of a sorted glob of runs/ nor its first."""
+    import re
+    from pathlib import Path
+
+    picked = re.compile(r"sorted\(\s*RUNS\.(?:r?glob|iterdir)\(.*\)\s*\)\s*\[|next\(\s*RUNS\.")
+    tests = Path(__file__).resolve().parent
+    offenders = [
+        f"{path.name}:{n}"
+        for path in sorted(tests.glob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if picked.search(line)
+    ]
+    assert offenders == []

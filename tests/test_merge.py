@@ -186,3 +186,12 @@ def test_the_merged_log_follows_the_umask(tmp_path, umask):
     result = subprocess.run(argv, capture_output=True, text=True, umask=umask)
     assert result.returncode == 0, result.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_missing_input_is_named_in_plain_words(tmp_path):
+    """Not Python's `[Errno 2] No such file or directory: '...'`."""
+    missing = tmp_path / "absent.csv"
+    result = run_script("merge.py", str(missing), str(missing), "--output", str(tmp_path / "m.csv"))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"merge.py: error: {missing}: no such file or directory\n"
+    assert list(tmp_path.iterdir()) == []

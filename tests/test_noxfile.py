@@ -72,13 +72,13 @@ def repo(tmp_path) -> Path:
     return root
 
 
-def nox(repo: Path, *args: str, path, env=None, command=(sys.executable, "-m", "nox")):
-    """nox in `repo` with exactly `path` as PATH; stdout and stderr kept apart."""
+def nox(repo: Path, *args: str, path, env=None, command=(sys.executable, "-m", "nox"), cwd=None):
+    """nox in `repo` (or `cwd`) with exactly `path` as PATH; stdout and stderr kept apart."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ITERAGPU_")}
     environ["PATH"] = os.pathsep.join(map(str, path))
     environ.update(env or {})
     return subprocess.run(
-        [*command, *args], cwd=repo, env=environ, capture_output=True, text=True, timeout=120
+        [*command, *args], cwd=cwd or repo, env=environ, capture_output=True, text=True, timeout=120
     )
 
 
@@ -286,3 +286,82 @@ def test_verify_on_a_folder_holding_the_zip_says_it_is_not_a_kit_folder(repo, tm
     output = result.stdout + result.stderr
     assert f"verify.py: error: {dist}: not a kit folder (none of the kit's files" in output
     assert "missing" not in output
+
+
+# ---------------------------------------------------------------- the kit's Pythons, nox's noise
+
+
+def test_a_kit_python_nox_cannot_find_fails_the_kit_session(repo, tmp_path, monkeypatch):
+    """Outside CI too: a missing kit interpreter is a failure, never a skip that exits 0."""
+    monkeypatch.delenv("CI", raising=False)  # nox errors on CI by itself; not on yours
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, "-s", "kit", "--force-python", "3.99", path=[mine.parent])
+    assert result.returncode == 1, result.stderr
+    assert "Session kit-3.99 failed: Python interpreter 3.99 not found." in result.stderr
+    assert "skipped" not in result.stderr
+
+
+def test_no_session_says_uv_binary_not_found(repo, tmp_path):
+    """No session uses uv: where there is none, nox does not say so on every session."""
+    if importlib.util.find_spec("uv") is not None or "UV" in os.environ:
+        pytest.skip("uv is installed beside nox here")
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, *ESTIMATE, path=[mine.parent])
+    assert result.returncode == 0, result.stderr
+    assert "Running session estimate" in result.stderr
+    assert "uv binary" not in result.stderr
+
+
+def test_a_stage_reads_relative_paths_from_where_nox_was_started(repo, tmp_path):
+    """`nox -f ../noxfile.py -s merge -- a.csv ...` from a subfolder: a.csv is the one in that
+    subfolder, as in your shell; nox (which moves to the noxfile's folder) says where."""
+    stand_in = executable(tmp_path / "bin" / "python3", '#!/bin/sh\necho "cwd: $(pwd)"\n')
+    here = repo / "here"
+    here.mkdir()
+    args = ["-f", "../noxfile.py", "-s", "merge", "--", "a.csv", "b.csv", "--output", "c.csv"]
+    result = nox(repo, *args, path=[stand_in.parent], cwd=here)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"cwd: {here}"]
+    assert f"nox > cd {here}" in result.stderr
+    result = nox(
+        repo, "-s", "merge", "--", "a.csv", "b.csv", "--output", "c.csv", path=[stand_in.parent]
+    )
+    assert result.stdout.splitlines() == [f"cwd: {repo}"]
+    assert "nox > cd " not in result.stderr  # from the repository root: nothing to say
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+@pytest.mark.parametrize(
+    ("installed", "wanted"),
+    [
+        (
+            ["system", "2.7.18", "3.10.2", "3.10.13", "3.11.7", "3.12.1", "3.13.0", "3.14.0"],
+            "3.11.7:3.10.13:3.12.1:3.13.0",
+        ),
+        (["3.12.1", "3.11.7"], "3.11.7:3.12.1"),  # 3.10 and 3.13 missing: nox fails them
+        ([], None),
+    ],
+)
+def test_make_test_puts_pyenvs_kit_pythons_on_path_as_ci_does(repo, tmp_path, installed, wanted):
+    """`make test` itself, not only .ci/run, finds pyenv's 3.10-3.13 (3.11 first, the newest
+    patch of each); without pyenv or with none of them, PYENV_VERSION is left alone."""
+    shutil.copytree(ROOT / ".ci", repo / ".ci")
+    fake = tmp_path / "fake"
+    listing = "".join(f"echo {v}\n" for v in installed)
+    executable(fake / "pyenv", f"#!/bin/sh\n{listing}")
+    executable(fake / "nox", '#!/bin/sh\necho "PYENV_VERSION=${PYENV_VERSION-unset} nox $*"\n')
+    environ = {k: v for k, v in os.environ.items() if k != "PYENV_VERSION"}
+    environ["PATH"] = os.pathsep.join([str(fake), os.defpath])
+    made = subprocess.run(
+        ["make", "-s", "-C", str(repo), "test"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    shown = [] if wanted is None else [f"Python versions on PATH: {wanted}"]
+    assert made.stdout.splitlines() == [
+        *shown,
+        f"PYENV_VERSION={wanted or 'unset'} nox -s lint tests kit",
+    ]

@@ -36,13 +36,33 @@ def block(nbytes: int) -> int:
     return max(KB, -(-nbytes // KB) * KB)
 
 
+# A named committed H200 environment: never "the newest runs/ folder", which a user's own
+# run (even one refused for want of a GPU) would be.
+COMMITTED_ENVIRONMENT = "20261202T125840Z-53bc76/environment.json"
+
+
 def committed_environment() -> dict:
     """A committed H200 environment, with the allocator settings the model replays."""
-    path = sorted(RUNS.glob("*/environment.json"))[-1]
+    path = RUNS / COMMITTED_ENVIRONMENT
     environment = json.loads(path.read_text(encoding="utf-8"))["environment"]
     settings_ = dict(mesure_memoire.MODELLED_ALLOCATOR, roundup_power2_divisions={})
     environment["gpu"]["allocator_settings"] = settings_
     return environment
+
+
+def test_the_committed_environment_ignores_a_newer_run_folder(tmp_path, monkeypatch):
+    """A README-style `nox -s measure` without a GPU leaves runs/<newer id>/environment.json
+    (no GPU in it): the tests' environment is still the named committed H200 one."""
+    before = committed_environment()
+    for name in ("20261202T125840Z-53bc76", "20991231T235959Z-ffffff"):  # committed, then newer
+        (tmp_path / name).mkdir()
+    (tmp_path / COMMITTED_ENVIRONMENT).write_bytes((RUNS / COMMITTED_ENVIRONMENT).read_bytes())
+    refused = json.loads((RUNS / COMMITTED_ENVIRONMENT).read_bytes())
+    refused["environment"]["gpu"] = {"available": False}
+    (tmp_path / "20991231T235959Z-ffffff" / "environment.json").write_text(json.dumps(refused))
+    monkeypatch.setitem(globals(), "RUNS", tmp_path)
+    assert committed_environment() == before
+    assert before["gpu"]["name"] == "NVIDIA H200"
 
 
 def host_gpu():
@@ -1054,3 +1074,14 @@ def test_validate_applies_the_own_model_facts(capsys, tmp_path):
     assert validate.validate_document(document, registry) == [
         "$.summary.prediction.held: True, the rows give None"
     ]
+
+
+def test_a_missing_calibration_is_named_in_plain_words(tmp_path):
+    """Not Python's `[Errno 2] No such file or directory: '...'`."""
+    missing = tmp_path / "absent.json"
+    spec = f"{PIPELINE / 'workloads' / 'resnet_cnn.py'}:resnet"
+    result = run_script(
+        "own_model.py", "estimate", "--workload", spec, "--calibration", str(missing)
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"own_model.py: error: {missing}: no such file or directory\n"

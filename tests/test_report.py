@@ -97,14 +97,18 @@ def test_report_json_names_each_source_and_picture_by_its_sha256(tmp_path):
     }
     assert {p["file"]: p["from"] for p in document["pictures"]}["cost-7d-40.png"] == [CONTEXT_SWEEP]
     assert document["cost"]["peak_reserved_bytes"] == 77_366_034_432  # the sweep's, the largest
+    records = fit.evidence(runs, [report.read_source(runs / CONTEXT_SWEEP).need])
+    others = report.catalogue_lines(fit.load_catalogue(None), records)
     assert document["usable_memory_lines"] == [
         {
             "gpu": "NVIDIA H200",
             "usable_bytes": H200_USABLE,
             "label": "NVIDIA H200: 139.13 GiB usable by PyTorch = 139.80 GiB total - 0.67 GiB "
             "CUDA context (measured)",
-        }
+        },
+        *[line for line in others if line["gpu"] != "h200"],  # every other line drawn
     ]
+    assert len(document["usable_memory_lines"]) == len(others)
     assert str(tmp_path) not in (folder / "report.json").read_text()  # no path, no user name
     # `validate runs/` walks report folders too: their report.json must be an artefact.
     assert validate.validate_document(document, validate.load_registry()) == []
@@ -256,15 +260,18 @@ def test_peaks_of_the_context_sweep_keep_the_out_of_memory_point_off_the_curve(t
     curves = {line.get_label(): line for line in axes.get_lines()}
     measured = curves["peak reserved (measured)"]
     assert list(measured.get_xdata()) == [128 * 4**k for k in range(8)]  # 8,388,608 is not on it
-    oom = curves["out of memory: peak reserved when it stopped"]
+    oom = curves["out of memory: the point tried, at the memory it could not fit in"]
     assert (list(oom.get_xdata()), oom.get_linestyle()) == ([8_388_608], "None")
+    assert list(oom.get_ydata()) == [H200_USABLE / 2**30]  # on the line it could not fit under
     gpu = curves[
         "NVIDIA H200: 139.13 GiB usable by PyTorch = 139.80 GiB total - 0.67 GiB CUDA context "
         "(measured)"
     ]
     assert list(gpu.get_ydata()) == [H200_USABLE / 2**30] * 2
     assert "139.13 GiB usable by PyTorch" in texts(figure)
-    assert "out of memory\nat 8,388,608:\n32.02 GiB\nreserved" in texts(figure)
+    assert (
+        "out of memory at 8,388,608:\nneeds more than\n139.13 GiB\n(32.02 GiB held at the stop)"
+    ) in texts(figure)
     assert axes.get_title().startswith("Peak memory against context: NVIDIA H200\n")
     assert "{" not in axes.get_title()
     assert axes.get_ylabel() == "GiB (2^30 bytes): PyTorch allocator, this process"
@@ -428,7 +435,112 @@ def test_an_own_model_run_is_titled_by_its_file_function_and_dimensions(tmp_path
 
     folder = runfixtures.make_own_model_run(tmp_path / "runs")
     figure = report.run_picture(report.read_source(folder))
-    assert figure.axes[0].get_title().splitlines()[1] == (
+    assert " ".join(figure.axes[0].get_title().splitlines()[1:]) == (  # wrapped to the width
         f"run {folder.name}: resnet_cnn.py:resnet, batch 2, blocks 1, classes 10, image 16, "
         "stages 2, width 8, float32"
     )
+
+
+# ---------------------------------------------------------------- every sweep, read as a user
+
+OWN_SWEEP_FOLDER = RUNS / "20261203T131539Z-own-model-sweep"
+OWN_SWEEP = OWN_SWEEP_FOLDER / "20261203T131539Z-19e4e1-sweep"
+DECODER_SWEEP_SUMMARY = DECODER_SWEEP / "20261203T094114Z-facc9f-sweep"
+OWN_RUN = OWN_SWEEP_FOLDER / "20261203T131539Z-bbb316"  # the longest title: a user's model
+
+
+def drawn_sweep(folder: Path, runs: Path):
+    """The sweep's picture as report.py draws it, with the catalogue as plan() gives it."""
+    sweep = report.read_source(folder)
+    records = fit.evidence(runs, [sweep.need])
+    catalogue = report.catalogue_lines(fit.load_catalogue(None), records)
+    if sweep.document["plan"].get("workload") == "decoder":
+        figure = report.sweep_picture(sweep, records, catalogue)
+    else:
+        figure = report.sweep_picture(sweep, records, catalogue=catalogue)
+    figure.canvas.draw()
+    return figure, catalogue
+
+
+SWEEPS = {
+    "own-model": (OWN_SWEEP, OWN_SWEEP_FOLDER),
+    "kit context": (RUNS / CONTEXT_SWEEP, RUNS),
+    "decoder": (DECODER_SWEEP_SUMMARY, DECODER_SWEEP),
+}
+
+
+@pytest.mark.parametrize("kind", SWEEPS)
+def test_every_sweep_draws_every_catalogue_gpu_it_reaches(kind):
+    """Not the H200 alone: each catalogue model whose usable memory is on the axis is a line
+    with its label, whatever the workload (the sweep's own GPU may stand for its model)."""
+    figure, catalogue = drawn_sweep(*SWEEPS[kind])
+    [axes] = figure.axes
+    heights = {round(line.get_ydata()[0], 6) for line in axes.get_lines() if len(line.get_ydata())}
+    shown = texts(figure)
+    for line in catalogue:
+        height = round(line["usable_bytes"] / 2**30, 6)
+        assert height in heights or line["gpu"] == "h200", line["label"]
+        assert line["label"] in shown or line["gpu"] == "h200", line["label"]  # the sweep's GPU
+    assert len(catalogue) >= 9
+
+
+@pytest.mark.parametrize(
+    ("kind", "scale"), [("own-model", "linear"), ("decoder", "linear"), ("kit context", "log")]
+)
+def test_one_rule_for_the_axis_the_completed_peaks(kind, scale):
+    """Linear unless the completed peaks span more than 30 times (the kit's context sweep:
+    0.05 to 72 GiB); what a stopped point held never sets the scale (the own-model sweep's
+    0.22 GiB at batch 256 made it logarithmic, unlike the decoder's)."""
+    figure, _ = drawn_sweep(*SWEEPS[kind])
+    assert figure.axes[0].get_yscale() == scale
+
+
+@pytest.mark.parametrize("kind", SWEEPS)
+def test_the_out_of_memory_mark_is_where_the_point_was_tried_and_its_label_inside(kind):
+    """At the value tried, on the usable memory it did not fit in (above every completed
+    peak), not at the few GiB held when it stopped; its label whole inside the axes."""
+    folder, _ = SWEEPS[kind]
+    document = json.loads((folder / "sweep.json").read_bytes())
+    vary = document["plan"]["vary"]
+    [tried] = [p for p in document["points"] if p["status"] == "out_of_memory"]
+    figure, _ = drawn_sweep(*SWEEPS[kind])
+    [axes] = figure.axes
+    [mark] = [line for line in axes.get_lines() if line.get_marker() == "X"]
+    assert list(mark.get_xdata()) == [tried["configuration"][vary]]
+    sweep = report.read_source(folder)
+    usable, _ = report.usable_line(sweep, fit.evidence(SWEEPS[kind][1], [sweep.need]))
+    assert list(mark.get_ydata()) == [usable / 2**30]
+    assert usable / 2**30 == pytest.approx(139.13, abs=0.01)  # the H200's
+    completed = [p["peak_reserved_bytes"] for p in document["points"] if p["status"] == "completed"]
+    assert mark.get_ydata()[0] > max(completed) / 2**30
+    low, high = axes.get_ylim()
+    assert low < mark.get_ydata()[0] < high
+    [label] = [t for t in axes.texts if t.get_text().startswith("out of memory at ")]
+    inside = axes.get_window_extent()
+    box = label.get_window_extent()
+    assert inside.x0 <= box.x0
+    assert box.x1 <= inside.x1
+    assert inside.y0 <= box.y0
+    assert box.y1 <= inside.y1
+
+
+def test_the_six_counters_have_six_colours_a_reader_tells_apart():
+    figure = report.run_picture(report.read_source(OWN_RUN))
+    [axes] = figure.axes
+    colours = [matplotlib.colors.to_hex(bars[0].get_facecolor()) for bars in axes.containers]
+    assert len(colours) == 6
+    assert len(set(colours)) == 6
+    hues = [matplotlib.colors.rgb_to_hsv(matplotlib.colors.to_rgb(c))[0] for c in colours]
+    assert len({round(h * 12) % 12 for h in hues}) >= 4  # not shades of two hues
+    assert [bars[0].get_hatch() or "" for bars in axes.containers] == [""] * 3 + ["//"] * 3
+
+
+@pytest.mark.parametrize("folder", [OWN_RUN, RUNS / LARGE_RUN], ids=lambda p: p.name)
+def test_a_title_never_makes_the_picture_wider_than_the_figure(folder):
+    figure = report.run_picture(report.read_source(folder))
+    width = round(figure.get_figwidth() * report.DPI)
+    figure.canvas.draw()
+    assert figure.axes[0].title.get_window_extent().width <= figure.bbox.width
+    data = report.png(figure)
+    pad = round(2 * 0.1 * report.DPI)  # bbox_inches="tight" pads 0.1 inch each side
+    assert int.from_bytes(data[16:20], "big") <= width + pad  # the PNG's own width (IHDR)

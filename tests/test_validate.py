@@ -560,7 +560,9 @@ def evidence_tree(root):
     (run / "memory.png").write_bytes(b"\x89PNG picture")
     sweep = runs / "20261202T000002Z-000002-sweep"
     sweep.mkdir()
-    (sweep / "sweep.json").write_bytes(next(RUNS.glob("*-sweep/sweep.json")).read_bytes())
+    (sweep / "sweep.json").write_bytes(
+        (RUNS / "20261202T113219Z-8f4a88-sweep" / "sweep.json").read_bytes()
+    )
     (sweep / "peaks.png").write_bytes(b"\x89PNG picture")
     grid = runs / "20261202T000003Z-equivalence-grid"
     (grid / "fresh").mkdir(parents=True)

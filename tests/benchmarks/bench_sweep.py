@@ -26,6 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+import gpu_guard
+
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = 1.10  # new per point <= 1.10 x old
 
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-pipeline", type=Path, dest="baseline", metavar="DIR")
     parser.add_argument("--rounds", type=int, default=3, help="with a baseline (default 3)")
     args = parser.parse_args(argv)
+    gpu_guard.require_gpu("bench_sweep.py", args.device)
     print(f"{args.points}-point width sweep, validate and log included, on {args.device}")
     try:
         if args.baseline is not None:

@@ -24,6 +24,9 @@ sys.path.insert(0, str(PIPELINE))
 import cli  # noqa: E402
 import run_folders  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+import gpu_guard  # noqa: E402
+
 SCHEMA = "urn:iteragpu-lab:schema:context-room:v1"
 # (batch, context, width, dtype): small to about 100 GiB reserved, the three dtypes.
 CONFIGURATIONS = [
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = parser.parse_args(argv)
         out = cli.existing_folder(args.output_dir)
+        gpu_guard.require_gpu("context_room.py", args.device)
         index = int(args.device.partition(":")[2] or 0)
         points = []
         for batch, context, width, dtype in CONFIGURATIONS:

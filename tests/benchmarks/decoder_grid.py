@@ -36,6 +36,9 @@ DECODER = ROOT / "pipeline" / "decoder.py"
 sys.path.insert(0, str(ROOT / "pipeline"))
 import decoder  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+import gpu_guard  # noqa: E402
+
 # name: (layers, width, heads, kv_heads, head_dim, ffn, vocab, flags, batch, prompt, new, row)
 SHAPES = {
     "mha-l1-w256": (1, 256, 4, 4, 64, 512, 1000, (), 1, 16, 4, 1),
@@ -154,12 +157,13 @@ def claims_exact_but_differs(record: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="decoder_grid.py", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--calibration", type=Path)
     parser.add_argument("--jobs", type=int, default=4)
     args = parser.parse_args(argv)
+    gpu_guard.require_gpu("decoder_grid.py", args.device)
     grid_dir = args.output_dir / "grid"
     grid_dir.mkdir(parents=True, exist_ok=False)
     points = [(dtype, name) for dtype in ("bfloat16", "float16") for name in SHAPES]

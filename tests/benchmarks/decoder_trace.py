@@ -43,6 +43,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "pipeline"))
 import decoder  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+import gpu_guard  # noqa: E402
+
 BLOCK = 512  # the GPU trace is compared in allocator blocks
 DTYPES = ("bfloat16", "float16", "float32")
 # name: (shape, batch, prompt, new tokens). Small, but chosen so that every kernel path a
@@ -575,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.output_dir is None:
         parser.error("the following arguments are required: --output-dir")
+    if not args.from_trace:
+        gpu_guard.require_gpu("decoder_trace.py", args.device)
     args.output_dir.mkdir(parents=True, exist_ok=False)
     failures: dict[str, dict] = {}
     if args.from_trace:

@@ -27,6 +27,9 @@ import cli  # noqa: E402
 import launcher  # noqa: E402
 import mesure_memoire  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+import gpu_guard  # noqa: E402
+
 REFERENCE = ROOT / "runs" / "20261202T131525Z-equivalence-grid"
 SCHEMA = "urn:iteragpu-lab:schema:equivalence-grid:v1"
 
@@ -117,6 +120,7 @@ def run(argv: list[str] | None) -> int:
     if args.output.exists():
         raise cli.UsageError(f"{args.output} already exists: the comparison goes in a new folder")
     cli.existing_folder(args.output.parent)
+    gpu_guard.require_gpu("equivalence_grid.py", device)
     args.output.mkdir()
     (args.output / "fresh").mkdir()
     forked = measure_forked(grid, device, args.output)

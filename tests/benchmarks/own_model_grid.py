@@ -35,6 +35,9 @@ WORKLOADS = PIPELINE / "workloads"
 sys.path.insert(0, str(PIPELINE))
 import mesure_memoire  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+import gpu_guard  # noqa: E402
+
 COUNTERS = mesure_memoire.COUNTER_KEYS
 EXAMPLES = {
     "resnet": "resnet_cnn.py:resnet",
@@ -313,6 +316,10 @@ def main() -> int:
         f"done in {summary['seconds']} s; exact predictions that held: "
         f"{sum(bool(e['held']) for e in held)}/{len(held)}; summary in {out / 'summary.json'}"
     )
+    unmeasured = [e["name"] for e in summary.get("grid", []) if "stderr_tail" in e]
+    if unmeasured:  # a grid that measured nothing is no success
+        print(f"{len(unmeasured)} point(s) not measured: {', '.join(unmeasured)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -332,4 +339,5 @@ if __name__ == "__main__":
         help="EXAMPLE-SIZE-DTYPE,... compared event by event with the allocator's history",
     )
     ARGS = parser.parse_args()
+    gpu_guard.require_gpu("own_model_grid.py", ARGS.device)
     raise SystemExit(main())

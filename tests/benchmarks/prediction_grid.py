@@ -26,6 +26,9 @@ sys.path.insert(0, str(PIPELINE))
 import launcher  # noqa: E402
 import mesure_memoire  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+import gpu_guard  # noqa: E402
+
 COUNTERS = mesure_memoire.COUNTER_KEYS
 # (batch, context, width): the default and the larger proposed one, odd widths, width 1,
 # millions of positions, large matrices; the last one fills most of a 141 GB card (context
@@ -169,4 +172,5 @@ if __name__ == "__main__":
         "--configurations", type=int, default=len(GRID), help="the first N of the grid only"
     )
     ARGS = parser.parse_args()
+    gpu_guard.require_gpu("prediction_grid.py", ARGS.device)
     raise SystemExit(main())
