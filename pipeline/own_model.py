@@ -15,7 +15,8 @@ predict every counter (trace_prediction.py); `estimate` prints that prediction, 
 
 Exit codes: 0 done; 1 the workload's own code raised (its traceback on stderr; `measure`
 writes the run with status "failed" and the exception's type, never a measurement); 2 bad
-input, a broken contract or a missing prerequisite, nothing written; 3 the GPU ran out of
+input, a broken contract (sys.exit() in the workload among them) or a missing prerequisite,
+nothing written; 3 the GPU ran out of
 memory (the file is written, status "out_of_memory").
 """
 
@@ -190,9 +191,20 @@ def import_workload(file: WorkloadFile):
     sys.modules[name] = module  # dataclasses and pickle look classes up there
     try:
         exec(compile(file.source, str(file.path), "exec"), module.__dict__)
+    except SystemExit as exc:
+        raise exited(f"--workload {file.path}", "import", exc) from None
     except Exception as exc:
         raise UserCodeError("import", None, exc) from exc
     return module
+
+
+def exited(workload: str, phase: str, exc: SystemExit) -> cli.UsageError:
+    """sys.exit() in the workload's code is that code failing, never a result: without this
+    the harness would end with the workload's exit status (0 with nothing said)."""
+    return cli.UsageError(
+        f"{workload} called sys.exit({exc.code!r}) in {phase}: a workload returns, it never "
+        "ends the process"
+    )
 
 
 def workload_function(module, file: WorkloadFile) -> tuple[Callable, dict[str, int]]:
@@ -300,6 +312,13 @@ def check_workload(torch, workload, device, function: str) -> str:
 
 
 def check_inputs(torch, inputs, device) -> None:
+    """The contract's inputs only: anything else would fail later inside the user's model,
+    shown as their traceback when it is the contract that was broken."""
+    if not isinstance(inputs, (torch.Tensor, tuple, list, dict)):
+        raise cli.UsageError(
+            f"make_inputs() returned {type(inputs).__name__}: expected a tensor, a tuple or "
+            "list (the model's positional arguments) or a dict (its keyword arguments)"
+        )
     for tensor in tensors_in(torch, inputs):
         if tensor.device != device:
             raise cli.UsageError(
@@ -407,6 +426,8 @@ def drive(torch, phase, function, name, config, dims, warmup, repeats, rows, fac
                 return operation()
             except (cli.UsageError, *passthrough):
                 raise
+            except SystemExit as exc:
+                raise exited(f"the workload {name}", phase_name, exc) from None
             except Exception as exc:
                 raise UserCodeError(phase_name, repetition, exc) from exc
 

@@ -196,9 +196,15 @@ def test_a_workload_argument_without_a_function_is_refused(capsys, tmp_path):
             "must return the loss, one value that requires grad; it returned a tensor of 1 "
             "element(s), requires_grad=False",
         ),
+        (
+            "    model = torch.nn.Linear(4, 4).to(config.device)\n"
+            "    return Workload(model, lambda: 5)\n",
+            "make_inputs() returned int: expected a tensor, a tuple or list (the model's "
+            "positional arguments) or a dict (its keyword arguments)",
+        ),
     ],
     ids=["not-a-workload", "model-on-cpu", "buffer-on-cpu", "inputs-on-cpu", "step-returns-none",
-         "optimizer-without-step", "loss-without-grad"],
+         "optimizer-without-step", "loss-without-grad", "inputs-not-the-contracts"],
 )  # fmt: skip
 def test_a_broken_contract_is_refused(capsys, tmp_path, body, fragment):
     path = workload(tmp_path, HEADER + "def linear(config):\n" + body)
@@ -206,6 +212,41 @@ def test_a_broken_contract_is_refused(capsys, tmp_path, body, fragment):
     refused(capsys, tmp_path, code, fragment)
     assert own_model.main(estimate(f"{path}:linear")) == 2
     assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("source", "phase"),
+    [
+        (LINEAR + "import sys\nsys.exit(0)\n", "import"),
+        (LINEAR.replace("    model = ", "    import sys\n    sys.exit(0)\n    model = "),
+         "model_load"),
+        (LINEAR.replace("        shape = ", "        raise SystemExit(0)\n        shape = "),
+         "inputs"),
+    ],
+    ids=["import", "model_load", "inputs"],
+)  # fmt: skip
+def test_a_workload_that_exits_is_refused_in_one_line(capsys, tmp_path, source, phase):
+    """SystemExit from the user's code is that code failing: not exit 0 with nothing said."""
+    path = workload(tmp_path, source)
+    who = f"--workload {path}" if phase == "import" else "the workload linear"
+    fragment = f"{who} called sys.exit(0) in {phase}: a workload returns, it never ends"
+    code, _ = measure(tmp_path, f"{path}:linear")
+    refused(capsys, tmp_path, code, fragment)
+    assert own_model.main(estimate(f"{path}:linear")) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert fragment in captured.err
+
+
+def test_a_workload_that_exits_is_refused_by_the_script(tmp_path):
+    path = workload(tmp_path, LINEAR.replace("    model = ", "    raise SystemExit\n    model = "))
+    result = run_script("own_model.py", *estimate(f"{path}:linear"))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "own_model.py: error: the workload linear called sys.exit(None) in model_load: "
+        "a workload returns, it never ends the process\n"
+    )
 
 
 @pytest.mark.parametrize(
