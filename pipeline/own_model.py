@@ -762,8 +762,25 @@ def measure(args, gpu: Gpu) -> int:
     setting = setting_from(args)
     driver_query = mesure_memoire.start_driver_query()
     cuda_driver = mesure_memoire.start_cuda_driver(args.device)
-    torch = mesure_memoire.import_torch()
-    gpu.check(torch, args.device, args.device_text)
+
+    def record_environment() -> dict:
+        environment = gpu.environment(
+            args.device, args.device_text, driver_query, args.process_start
+        )
+        mesure_memoire.stop_cuda_driver(cuda_driver)
+        if args.environment_output:
+            document = mesure_memoire.environment_document(environment)
+            mesure_memoire.write_result(Path(args.environment_output), document)
+        return environment
+
+    try:
+        torch = mesure_memoire.import_torch()
+        gpu.check(torch, args.device, args.device_text)
+    except cli.UsageError:
+        # As mesure_memoire.py and decoder.py measure: a run refused for want of PyTorch or a
+        # GPU still leaves its diagnostic, the environment, where one was asked for.
+        record_environment()
+        raise
     failed = None
     try:
         function = load(setting)
@@ -771,11 +788,7 @@ def measure(args, gpu: Gpu) -> int:
         failed, function = exc, None
     if failed is None:
         traced = trace_workload(torch, setting, args.device)
-    environment = gpu.environment(args.device, args.device_text, driver_query, args.process_start)
-    mesure_memoire.stop_cuda_driver(cuda_driver)
-    if args.environment_output:
-        document = mesure_memoire.environment_document(environment)
-        mesure_memoire.write_result(Path(args.environment_output), document)
+    environment = record_environment()
     document = {
         "schema": SCHEMA,
         "tool": TOOL,

@@ -285,7 +285,9 @@ def test_the_command_line_script_loads_a_workload_that_imports_own_model(tmp_pat
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here")
-def test_measure_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
+def test_measure_without_a_gpu_is_refused_leaving_its_environment_as_the_kit_does(tmp_path):
+    """mesure_memoire.py and decoder.py measure write the environment first, refused or not
+    (the diagnostic of why): own_model.py does the same; the measurement is never written."""
     path = workload(tmp_path, LINEAR)
     result = run_script("own_model.py", "measure", "--workload", f"{path}:linear",
                         "--device", "cuda:0", "--output", str(tmp_path / "m.json"),
@@ -295,7 +297,15 @@ def test_measure_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
         "own_model.py: error: no GPU is visible to PyTorch: measure needs one and never uses "
         "the CPU\n"
     )
-    assert list(tmp_path.iterdir()) == [path]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.json", path.name]
+    document = json.loads((tmp_path / "env.json").read_text())
+    assert validate.validate_document(document, REGISTRY) == []
+    assert document["environment"]["gpu"]["available"] is False
+    kit = run_script("mesure_memoire.py", "measure", "--device", "cuda:0",
+                     "--output", str(tmp_path / "k.json"),
+                     "--environment-output", str(tmp_path / "k-env.json"))  # fmt: skip
+    assert kit.returncode == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.json", "k-env.json", path.name]
 
 
 # ------------------------------------------------------------------ the user's own exceptions
