@@ -209,9 +209,20 @@ def decoder_args(device: str, configuration: dict) -> argparse.Namespace:
     """A point's options as decoder.py parses and checks them, before anything runs."""
     argv = ["measure", "--device", device, *decoder_flags(configuration), "--output", "unused"]
     args = decoder.build_parser().parse_args(argv)
-    decoder.shape_from_args(args)
-    decoder.run_configuration(args)
+    shape = decoder.shape_from_args(args)[0]
+    if refused := decoder.over_budget(shape, decoder.run_configuration(args)):
+        raise cli.UsageError(refused)
     return args
+
+
+def beyond_budget(plan: dict, configuration: dict) -> str | None:
+    """Why the next decoder point is not started: its prediction (made by `measure`, and by
+    the --memory-fraction check) is over decoder.py's estimate budget; None to go on."""
+    if plan.get("workload") != "decoder":
+        return None
+    shape = decoder.Shape(**configuration["shape"])
+    refused = decoder.over_budget(shape, {n: configuration[n] for n in decoder.RUN_DEFAULTS})
+    return f"the next point is not started: {refused}" if refused else None
 
 
 def decoder_predicted_peak(configuration: dict, environment: dict) -> int:
@@ -541,7 +552,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     measured = running = None  # measured: whole and summarised, its row not yet appended
     try:
         for step in range(1, (bound or HARD_CAP) + 1):
-            reason = predicted_too_large(plan, configuration, points, runs_dir)
+            reason = beyond_budget(plan, configuration) or predicted_too_large(
+                plan, configuration, points, runs_dir
+            )
             if reason:
                 break
             running = Point(runs_dir, device, configuration, workload, path)
