@@ -59,7 +59,8 @@ RUN_DEFAULTS = {
 # The prediction replays every decoder layer once per generated token (the prefill makes the
 # first) and once more for the weights and the cache: layers x (new tokens + 1) layer passes,
 # known from the configuration before any work. Its time and memory grow with that count
-# (about 0.25 ms and 9 kB per pass for a preset, more per pass with thousands of layers), so an
+# (0.25 to 1 ms and 9 kB per pass for a preset on a 2-core CPU, more with thousands of
+# layers: README gives the default's measured worst cases), so an
 # estimate past the budget is refused up front rather than left running for minutes. The
 # default admits every committed configuration (at most 32 x 129) and Llama-3.1-8B with up to
 # 3,124 new tokens; --estimate-budget raises it knowingly.
@@ -1216,7 +1217,7 @@ def add_budget(parser) -> None:
         default=ESTIMATE_BUDGET,
         metavar="PASSES",
         help="the most layer passes, layers x (new tokens + 1), the prediction may replay "
-        f"(default {ESTIMATE_BUDGET}: about 25 s and 1 GB of memory)",
+        f"(default {ESTIMATE_BUDGET}: up to about 2 minutes and 1 GB on a 2-core CPU)",
     )
 
 

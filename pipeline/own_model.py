@@ -62,6 +62,14 @@ PHASE_SCOPES = {
     "optimizer.step)",
     "warm_step": "one row per timed step after warm-up",
 }
+# The trace runs the whole protocol on fake tensors: the cold step, the warm-up steps and the
+# timed steps (a training workload's first optimizer step besides), each replayed through
+# the allocator model. Their count is known before anything runs, so a run past the budget
+# is refused up front (`estimate`, and `measure`, which traces first) rather than left tracing
+# for hours. What one step costs depends on the workload (the AdamW example's took 1 to 2 s
+# on a 2-core CPU): the default admits every committed run (at most 9 steps) and timing
+# statistics over dozens of repetitions.
+ESTIMATE_BUDGET = 64
 FAILED_NOTE = (
     "the workload's own code raised an exception: this file records where, and is not a "
     "measurement (never recorded, never compared with a prediction)"
@@ -736,6 +744,13 @@ def user_failure(exc: UserCodeError) -> dict:
 
 
 def setting_from(args) -> Setting:
+    steps = 1 + args.warmup + args.repeats
+    if steps > args.estimate_budget:
+        raise cli.UsageError(
+            f"the trace would run {steps} steps (1 cold + --warmup {args.warmup} + --repeats "
+            f"{args.repeats}), over the estimate budget of {args.estimate_budget} "
+            "(--estimate-budget)"
+        )
     file = read_workload_file(*args.workload)
     return Setting(
         file, args.dtype, args.batch, {}, {}, args.warmup, args.repeats, args.seed, args.dim
@@ -1036,6 +1051,14 @@ def build_parser() -> cli.Parser:
             help="the file and the function that returns a Workload",
         )
         add_configuration(p)
+        p.add_argument(
+            "--estimate-budget",
+            type=mesure_memoire.positive_int,
+            default=ESTIMATE_BUDGET,
+            metavar="STEPS",
+            help="the most steps, 1 + warmup + repeats, the trace may run "
+            f"(default {ESTIMATE_BUDGET})",
+        )
     measure_parser.add_argument("--device", required=True, type=cli.device, help="cuda or cuda:N")
     measure_parser.add_argument("--output", required=True, help="a new JSON file")
     measure_parser.add_argument("--environment-output", help="also the environment, a new file")

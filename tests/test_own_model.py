@@ -215,6 +215,38 @@ def test_a_broken_contract_is_refused(capsys, tmp_path, body, fragment):
 
 
 @pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--repeats", "10000000"], "10000002 steps (1 cold + --warmup 1 + --repeats 10000000), "
+         "over the estimate budget of 64 (--estimate-budget)"),
+        (["--warmup", "10", "--repeats", "10", "--estimate-budget", "20"], "21 steps (1 cold + "
+         "--warmup 10 + --repeats 10), over the estimate budget of 20 (--estimate-budget)"),
+    ],
+    ids=["default", "given"],
+)  # fmt: skip
+def test_a_trace_over_the_estimate_budget_is_refused_up_front(capsys, tmp_path, argv, message):
+    """Counted from the options before the workload is even read: ten million traced steps
+    would run for days."""
+    path = workload(tmp_path, LINEAR)
+    code, _ = measure(tmp_path, f"{path}:linear", *argv)
+    refused(capsys, tmp_path, code, f"the trace would run {message}")
+    assert own_model.main(estimate(f"{path}:linear", *argv)) == 2
+    assert capsys.readouterr().err == f"own_model.py: error: the trace would run {message}\n"
+
+
+def test_the_estimate_budget_admits_every_committed_own_model_run():
+    committed = 0
+    for path in RUNS.glob("*/*.json"):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(document, dict) and document.get("schema") == own_model.SCHEMA:
+            configuration = document["configuration"]
+            steps = 1 + configuration["warmup"] + configuration["repeats"]
+            assert steps <= own_model.ESTIMATE_BUDGET, path
+            committed += 1
+    assert committed > 0
+
+
+@pytest.mark.parametrize(
     ("source", "phase"),
     [
         (LINEAR + "import sys\nsys.exit(0)\n", "import"),
