@@ -452,6 +452,23 @@ def test_an_output_in_an_unwritable_folder_is_one_line_and_exit_2(
     assert list(read_only.iterdir()) == []
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes anywhere")
+def test_an_unwritable_folder_for_real(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        argv = ["environment", "--device", "cuda:0", "--output", str(folder / "new.json")]
+        result = run_script("mesure_memoire.py", *argv)
+    finally:
+        folder.chmod(0o755)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"mesure_memoire.py: error: {folder} is not writable: no new file can be made there\n"
+    )
+    assert list(folder.iterdir()) == []
+
+
 def test_an_output_the_file_system_refuses_at_write_time_is_one_line_and_exit_2(tmp_path):
     """The last guard, for what no check up front sees (here a name too long to link)."""
     out = tmp_path / ("x" * 300 + ".json")
