@@ -16,8 +16,7 @@ predict every counter (trace_prediction.py); `estimate` prints that prediction, 
 Exit codes: 0 done; 1 the workload's own code raised (its traceback on stderr; `measure`
 writes the run with status "failed" and the exception's type, never a measurement); 2 bad
 input, a broken contract (sys.exit() in the workload among them) or a missing prerequisite,
-nothing written; 3 the GPU ran out of
-memory (the file is written, status "out_of_memory").
+nothing written; 3 the GPU ran out of memory (the file is written, status "out_of_memory").
 """
 
 from __future__ import annotations
