@@ -56,6 +56,15 @@ RUN_DEFAULTS = {
     "warmup": 1,
     "tokens_per_row": 1,
 }
+# The prediction replays every decoder layer once per generated token (the prefill makes the
+# first) and once more for the weights and the cache: layers x (new tokens + 1) layer passes,
+# known from the configuration before any work. Its time and memory grow with that count
+# (0.25 to 1 ms and 9 kB per pass for a preset on a 2-core CPU, more with thousands of
+# layers: README gives the default's measured worst cases), so an
+# estimate past the budget is refused up front rather than left running for minutes. The
+# default admits every committed configuration (at most 32 x 129) and Llama-3.1-8B with up to
+# 3,124 new tokens; --estimate-budget raises it knowingly.
+ESTIMATE_BUDGET = 100_000
 # torch.nn.attention.SDPBackend names, as the files write them.
 BACKEND_NAMES = {
     "FLASH_ATTENTION": "flash",
@@ -799,6 +808,25 @@ def first_mismatch(left: list[tuple], right: list[tuple]) -> int | None:
 # ---------------------------------------------------------------- documents
 
 
+def replay_size(shape: Shape, run: dict) -> int:
+    """The layer passes predict() replays for this configuration (see ESTIMATE_BUDGET)."""
+    return shape.layers * (run["new_tokens"] + 1)
+
+
+def over_budget(shape: Shape, run: dict, budget: int | None = None) -> str | None:
+    """Why the prediction of this configuration is refused, or None when it is within budget
+    (by default ESTIMATE_BUDGET)."""
+    budget = ESTIMATE_BUDGET if budget is None else budget
+    size = replay_size(shape, run)
+    if size <= budget:
+        return None
+    return (
+        f"the prediction would replay {size} layer passes ({shape.layers} layers x "
+        f"({run['new_tokens']} new tokens + 1)), over the estimate budget of {budget} "
+        "(--estimate-budget)"
+    )
+
+
 def run_configuration(args: argparse.Namespace) -> dict:
     run = {key: getattr(args, key) for key in RUN_DEFAULTS}
     if run["new_tokens"] < run["warmup"] + 1:
@@ -1285,6 +1313,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="predict for this GPU model with its committed calibration (e.g. h200)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    add_budget(p)
     p = commands.add_parser("measure", help="measure generation phase by phase on one GPU")
     p.add_argument("--device", required=True, help="cuda or cuda:N (never the CPU)")
     add_shape(p)
@@ -1294,7 +1323,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output", required=True, help="a new JSON file (never overwritten)")
     p.add_argument("--environment-output", help="also write the environment record, first")
+    add_budget(p)
     return parser
+
+
+def add_budget(parser) -> None:
+    parser.add_argument(
+        "--estimate-budget",
+        type=mesure_memoire.positive_int,
+        default=ESTIMATE_BUDGET,
+        metavar="PASSES",
+        help="the most layer passes, layers x (new tokens + 1), the prediction may replay "
+        f"(default {ESTIMATE_BUDGET}: up to about 2 minutes and 1 GB on a 2-core CPU)",
+    )
 
 
 def print_presets() -> int:
@@ -1312,6 +1353,8 @@ def main(argv: list[str] | None = None, process_start: str = mesure_memoire.FRES
             return print_presets()
         shape, preset = shape_from_args(args)
         run = run_configuration(args)
+        if refused := over_budget(shape, run, args.estimate_budget):
+            raise cli.UsageError(refused)
         if getattr(args, "gpu", None) is not None:
             if args.calibration is not None:
                 raise cli.UsageError("give --gpu or --calibration, not both")

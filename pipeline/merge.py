@@ -65,6 +65,11 @@ def merge_rows(logs: list[tuple[str, list[tuple[int, dict]]]]) -> tuple[list[dic
 
 
 def merge(inputs: list[Path], output: Path) -> int:
+    if output.is_symlink() and not output.exists():
+        raise cli.UsageError(
+            f"{output} is a dangling symbolic link: a merge writes a new file only, never "
+            "through a link"
+        )
     if output.exists():
         raise cli.UsageError(f"{output} already exists: a merge writes a new file only")
     cli.existing_folder(output.parent)

@@ -459,11 +459,14 @@ def collect_environment(
 
 
 def refuse_existing(path: Path) -> None:
-    """Checked before any work: an existing result is never replaced."""
+    """Checked before any work: an existing result is never replaced, and a folder that cannot
+    take a new file is refused before the GPU is touched rather than after the measurement."""
     if os.path.lexists(path):
         raise UsageError(f"{path} already exists: results are never overwritten; choose a new name")
     if not path.parent.is_dir():
         raise UsageError(f"{path.parent} is not an existing folder")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{path.parent} is not writable: no new file can be made there")
 
 
 def json_bytes(document: dict) -> bytes:
@@ -517,10 +520,14 @@ def current_umask() -> int:
 
 
 def write_result(path: Path, document: dict) -> None:
+    """Any failure to write is the user's file system refusing: one line, nothing left."""
     try:
         write_new(path, json_bytes(document))
     except FileExistsError:
         raise UsageError(f"{path} appeared during the run: it was left untouched") from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"{path} cannot be written ({reason}): nothing was written") from None
 
 
 def utc_now() -> str:

@@ -15,8 +15,8 @@ predict every counter (trace_prediction.py); `estimate` prints that prediction, 
 
 Exit codes: 0 done; 1 the workload's own code raised (its traceback on stderr; `measure`
 writes the run with status "failed" and the exception's type, never a measurement); 2 bad
-input, a broken contract or a missing prerequisite, nothing written; 3 the GPU ran out of
-memory (the file is written, status "out_of_memory").
+input, a broken contract (sys.exit() in the workload among them) or a missing prerequisite,
+nothing written; 3 the GPU ran out of memory (the file is written, status "out_of_memory").
 """
 
 from __future__ import annotations
@@ -61,6 +61,14 @@ PHASE_SCOPES = {
     "optimizer.step)",
     "warm_step": "one row per timed step after warm-up",
 }
+# The trace runs the whole protocol on fake tensors: the cold step, the warm-up steps and the
+# timed steps (a training workload's first optimizer step besides), each replayed through
+# the allocator model. Their count is known before anything runs, so a run past the budget
+# is refused up front (`estimate`, and `measure`, which traces first) rather than left tracing
+# for hours. What one step costs depends on the workload (the AdamW example's took 1 to 2 s
+# on a 2-core CPU): the default admits every committed run (at most 9 steps) and timing
+# statistics over dozens of repetitions.
+ESTIMATE_BUDGET = 64
 FAILED_NOTE = (
     "the workload's own code raised an exception: this file records where, and is not a "
     "measurement (never recorded, never compared with a prediction)"
@@ -190,9 +198,20 @@ def import_workload(file: WorkloadFile):
     sys.modules[name] = module  # dataclasses and pickle look classes up there
     try:
         exec(compile(file.source, str(file.path), "exec"), module.__dict__)
+    except SystemExit as exc:
+        raise exited(f"--workload {file.path}", "import", exc) from None
     except Exception as exc:
         raise UserCodeError("import", None, exc) from exc
     return module
+
+
+def exited(workload: str, phase: str, exc: SystemExit) -> cli.UsageError:
+    """sys.exit() in the workload's code is that code failing, never a result: without this
+    the harness would end with the workload's exit status (0 with nothing said)."""
+    return cli.UsageError(
+        f"{workload} called sys.exit({exc.code!r}) in {phase}: a workload returns, it never "
+        "ends the process"
+    )
 
 
 def workload_function(module, file: WorkloadFile) -> tuple[Callable, dict[str, int]]:
@@ -300,6 +319,13 @@ def check_workload(torch, workload, device, function: str) -> str:
 
 
 def check_inputs(torch, inputs, device) -> None:
+    """The contract's inputs only: anything else would fail later inside the user's model,
+    shown as their traceback when it is the contract that was broken."""
+    if not isinstance(inputs, (torch.Tensor, tuple, list, dict)):
+        raise cli.UsageError(
+            f"make_inputs() returned {type(inputs).__name__}: expected a tensor, a tuple or "
+            "list (the model's positional arguments) or a dict (its keyword arguments)"
+        )
     for tensor in tensors_in(torch, inputs):
         if tensor.device != device:
             raise cli.UsageError(
@@ -407,6 +433,8 @@ def drive(torch, phase, function, name, config, dims, warmup, repeats, rows, fac
                 return operation()
             except (cli.UsageError, *passthrough):
                 raise
+            except SystemExit as exc:
+                raise exited(f"the workload {name}", phase_name, exc) from None
             except Exception as exc:
                 raise UserCodeError(phase_name, repetition, exc) from exc
 
@@ -715,6 +743,13 @@ def user_failure(exc: UserCodeError) -> dict:
 
 
 def setting_from(args) -> Setting:
+    steps = 1 + args.warmup + args.repeats
+    if steps > args.estimate_budget:
+        raise cli.UsageError(
+            f"the trace would run {steps} steps (1 cold + --warmup {args.warmup} + --repeats "
+            f"{args.repeats}), over the estimate budget of {args.estimate_budget} "
+            "(--estimate-budget)"
+        )
     file = read_workload_file(*args.workload)
     return Setting(
         file, args.dtype, args.batch, {}, {}, args.warmup, args.repeats, args.seed, args.dim
@@ -741,8 +776,25 @@ def measure(args, gpu: Gpu) -> int:
     setting = setting_from(args)
     driver_query = mesure_memoire.start_driver_query()
     cuda_driver = mesure_memoire.start_cuda_driver(args.device)
-    torch = mesure_memoire.import_torch()
-    gpu.check(torch, args.device, args.device_text)
+
+    def record_environment() -> dict:
+        environment = gpu.environment(
+            args.device, args.device_text, driver_query, args.process_start
+        )
+        mesure_memoire.stop_cuda_driver(cuda_driver)
+        if args.environment_output:
+            document = mesure_memoire.environment_document(environment)
+            mesure_memoire.write_result(Path(args.environment_output), document)
+        return environment
+
+    try:
+        torch = mesure_memoire.import_torch()
+        gpu.check(torch, args.device, args.device_text)
+    except cli.UsageError:
+        # As mesure_memoire.py and decoder.py measure: a run refused for want of PyTorch or a
+        # GPU still leaves its diagnostic, the environment, where one was asked for.
+        record_environment()
+        raise
     failed = None
     try:
         function = load(setting)
@@ -750,11 +802,7 @@ def measure(args, gpu: Gpu) -> int:
         failed, function = exc, None
     if failed is None:
         traced = trace_workload(torch, setting, args.device)
-    environment = gpu.environment(args.device, args.device_text, driver_query, args.process_start)
-    mesure_memoire.stop_cuda_driver(cuda_driver)
-    if args.environment_output:
-        document = mesure_memoire.environment_document(environment)
-        mesure_memoire.write_result(Path(args.environment_output), document)
+    environment = record_environment()
     document = {
         "schema": SCHEMA,
         "tool": TOOL,
@@ -1003,6 +1051,14 @@ def build_parser() -> cli.Parser:
             help="the file and the function that returns a Workload",
         )
         add_configuration(p)
+        p.add_argument(
+            "--estimate-budget",
+            type=mesure_memoire.positive_int,
+            default=ESTIMATE_BUDGET,
+            metavar="STEPS",
+            help="the most steps, 1 + warmup + repeats, the trace may run "
+            f"(default {ESTIMATE_BUDGET})",
+        )
     measure_parser.add_argument("--device", required=True, type=cli.device, help="cuda or cuda:N")
     measure_parser.add_argument("--output", required=True, help="a new JSON file")
     measure_parser.add_argument("--environment-output", help="also the environment, a new file")

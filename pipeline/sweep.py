@@ -54,16 +54,24 @@ SIZES = tuple(mesure_memoire.CONFIGURATION_DEFAULTS)
 HARD_CAP = 64  # --until-oom on a card larger than any today still stops
 INTERRUPTED = "it was interrupted (Ctrl-C): every point listed is a whole run"
 GIB, MIB = 2**30, 2**20
+# A step multiplies the varied size by at most this (schemas/sweep-plan.schema.json says the
+# same): more would make the first point the whole sweep.
+MAX_FACTOR = 1000
 
 
 def factor(text: str) -> float:
-    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) or float(text) <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number > 1, got {text!r}")
+    """A number in (1, MAX_FACTOR]: many digits read as a float are infinity, which would
+    end the sweep in a crash after its first point, before its row and sweep.json."""
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) or not 1 < float(text) <= MAX_FACTOR:
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(
+            f"expected a number > 1 and at most {MAX_FACTOR}, got {shown!r}"
+        )
     return float(text)
 
 
 def fraction(text: str) -> float:
-    if not re.fullmatch(r"0?\.[0-9]+|1(\.0+)?", text):
+    if not re.fullmatch(r"0?\.[0-9]+|1(\.0+)?", text) or float(text) == 0:
         raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
     return float(text)
 
@@ -139,6 +147,8 @@ def load_plan(path: str, registry) -> dict:
     if not isinstance(plan, dict):
         raise cli.UsageError(f"{path}: a plan is a mapping")
     plan.setdefault("schema", "urn:iteragpu-lab:schema:sweep-plan:v1")
+    if where := not_finite(plan):
+        raise cli.UsageError(f"{path}: {where}: not a finite number")
     errors = validate.validate_document(plan, registry)
     if errors:
         raise cli.UsageError(f"{path}: {errors[0]}")
@@ -150,6 +160,18 @@ def load_plan(path: str, registry) -> dict:
             raise cli.UsageError(f"{path}: base: give a preset or a shape, not both")
         decoder_args("cuda:0", dict(plan["base"], **{plan["vary"]: plan["start"]}))
     return plan
+
+
+def not_finite(value, where: str = "") -> str | None:
+    """Where YAML gave infinity or NaN (`.inf`, `.nan`, `1.0e+400`), which a schema's bounds
+    cannot refuse: NaN compares false with every bound."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} {value}".strip()
+    if isinstance(value, (dict, list)):
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            if found := not_finite(item, f"{where}.{key}" if where else str(key)):
+                return found
+    return None
 
 
 # ---------------------------------------------------------------- the decoder's points
@@ -187,9 +209,20 @@ def decoder_args(device: str, configuration: dict) -> argparse.Namespace:
     """A point's options as decoder.py parses and checks them, before anything runs."""
     argv = ["measure", "--device", device, *decoder_flags(configuration), "--output", "unused"]
     args = decoder.build_parser().parse_args(argv)
-    decoder.shape_from_args(args)
-    decoder.run_configuration(args)
+    shape = decoder.shape_from_args(args)[0]
+    if refused := decoder.over_budget(shape, decoder.run_configuration(args)):
+        raise cli.UsageError(refused)
     return args
+
+
+def beyond_budget(plan: dict, configuration: dict) -> str | None:
+    """Why the next decoder point is not started: its prediction (made by `measure`, and by
+    the --memory-fraction check) is over decoder.py's estimate budget; None to go on."""
+    if plan.get("workload") != "decoder":
+        return None
+    shape = decoder.Shape(**configuration["shape"])
+    refused = decoder.over_budget(shape, {n: configuration[n] for n in decoder.RUN_DEFAULTS})
+    return f"the next point is not started: {refused}" if refused else None
 
 
 def decoder_predicted_peak(configuration: dict, environment: dict) -> int:
@@ -519,7 +552,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     measured = running = None  # measured: whole and summarised, its row not yet appended
     try:
         for step in range(1, (bound or HARD_CAP) + 1):
-            reason = predicted_too_large(plan, configuration, points, runs_dir)
+            reason = beyond_budget(plan, configuration) or predicted_too_large(
+                plan, configuration, points, runs_dir
+            )
             if reason:
                 break
             running = Point(runs_dir, device, configuration, workload, path)

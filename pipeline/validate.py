@@ -18,6 +18,7 @@ record.py and merge.py import this module: every rule lives here once.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import datetime
 import fcntl
@@ -922,6 +923,16 @@ def log_records(data: bytes, header: tuple[str, ...]) -> Iterator[tuple[int, dic
         return
     if data and not data.endswith(b"\n"):
         yield 0, None, "$: the last line has no line end (a torn append, or an edit by hand)"
+    if data.startswith(codecs.BOM_UTF8):  # said plainly: its header looks right on screen
+        yield (
+            1,
+            None,
+            (
+                "line 1: starts with a UTF-8 byte-order mark, which no log the pipeline writes has "
+                "(a spreadsheet's 'CSV UTF-8' export adds it): save it as plain UTF-8"
+            ),
+        )
+        return
     # bytes.splitlines ends lines where csv's universal newlines do: \n, \r\n and \r
     lines = (line.decode("utf-8") for line in data.splitlines(keepends=True))
     reader = csv.reader(lines, strict=True)

@@ -421,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 raise cli.UsageError(f"{target}: no such file or folder")
         what = target if target is not None else f"{args.root} (the repository's members)"
+        problems = list(dict.fromkeys(problems))  # a duplicated entry's FAIL, said once
         for note in notes:
             print(f"verify.py: note: {note}")
         for problem in problems:

@@ -633,12 +633,17 @@ def test_on_a_gpu_an_own_model_chain_records_one_own_model_row(tmp_path):
 @needs_nox
 def test_nox_measure_hands_an_own_model_to_own_model_py(tmp_path):
     """nox -s measure, for real, without a GPU: the flags pass the chain's checks, own_model.py
-    refuses in its own words, and the empty run folder goes."""
+    refuses in its own words, and, as for the seed network, the run folder keeps only its
+    environment.json, which says why."""
     runs_dir = tmp_path / "runs"
     runs_dir.mkdir()
     argv = ["--device", "cuda:0", "--workload", RESNET_SPEC, "--dtype", "bfloat16"]
     result = nox("-s", "measure", "--", *argv, "--batch", "32", runs_dir=runs_dir)
     assert result.returncode == 2, result.stdout
     assert "own_model.py: error: no GPU is visible to PyTorch" in result.stdout
-    assert "chain.py: measure exited 2: nothing recorded; the empty " in result.stdout
-    assert list(runs_dir.iterdir()) == []
+    assert "chain.py: measure exited 2: nothing recorded; " in result.stdout
+    [kept] = folders(runs_dir)
+    assert f"{kept} keeps what was written" in result.stdout
+    assert sorted(p.name for p in kept.iterdir()) == ["environment.json"]
+    environment = json.loads((kept / "environment.json").read_bytes())
+    assert environment["environment"]["gpu"]["available"] is False

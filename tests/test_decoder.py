@@ -603,6 +603,57 @@ def test_a_bad_shape_or_run_is_refused_in_one_line_and_writes_nothing(tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--layers", "100000", "--width", "64", "--heads", "4", "--kv-heads", "4", "--ffn",
+          "128", "--vocab", "100"], "900000 layer passes (100000 layers x (8 new tokens + 1)), "
+         "over the estimate budget of 100000 (--estimate-budget)"),
+        (["--preset", "llama-3.1-8b", "--new-tokens", "10000000"], "320000032 layer passes "
+         "(32 layers x (10000000 new tokens + 1)), over the estimate budget of 100000"),
+        (["--preset", "llama-3.1-8b", "--new-tokens", "100000"], "3200032 layer passes"),
+        (["--preset", "llama-3.2-1b", "--new-tokens", "200", "--estimate-budget", "3215"],
+         "3216 layer passes (16 layers x (200 new tokens + 1)), over the estimate budget of "
+         "3215 (--estimate-budget)"),
+    ],
+    ids=["layers", "new-tokens", "8b-100000-tokens", "budget-given"],
+)  # fmt: skip
+def test_a_prediction_over_the_estimate_budget_is_refused_up_front(tmp_path, argv, message):
+    """Refused from the configuration alone, in one line, before any replay (or GPU work):
+    these would otherwise run for minutes to hours and take gigabytes."""
+    out, environment = tmp_path / "m.json", tmp_path / "e.json"
+    measure = ["measure", "--device", "cuda:0", "--output", str(out)]
+    for command in (["estimate"], [*measure, "--environment-output", str(environment)]):
+        result = run_script("decoder.py", *command, *argv)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("decoder.py: error: the prediction would replay ")
+        assert result.stderr.count("\n") == 1
+        assert message in result.stderr
+        assert result.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_estimate_budget_admits_its_limit_and_every_committed_configuration():
+    one_b = decoder.PRESETS["llama-3.2-1b"][0]
+    within = run_script("decoder.py", "estimate", "--preset", "llama-3.2-1b", "--new-tokens",
+                        "200", "--estimate-budget", "3216", "--json")  # fmt: skip
+    assert within.returncode == 0, within.stderr
+    assert decoder.replay_size(one_b, {"new_tokens": 200}) == 3216
+    eight_b = decoder.PRESETS["llama-3.1-8b"][0]
+    assert decoder.over_budget(eight_b, {"new_tokens": 3124}) is None  # "a few thousand"
+    assert decoder.over_budget(eight_b, {"new_tokens": 3125}) is not None
+    committed = 0
+    for path in (ROOT / "runs").glob("*/*.json"):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if document.get("schema") != decoder.SCHEMA:
+            continue
+        configuration = document["configuration"]
+        shape = decoder.Shape(**configuration["shape"])
+        assert decoder.over_budget(shape, configuration) is None, path
+        committed += 1
+    assert committed > 0
+
+
 def test_measure_never_falls_back_to_the_cpu(tmp_path):
     out = tmp_path / "m.json"
     result = run_script(

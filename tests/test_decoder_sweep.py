@@ -226,6 +226,24 @@ def test_a_decoder_sweep_bounded_by_steps_stops_there(tmp_path):
     assert decoder_log_runs(tmp_path) == [p["run"] for p in summary["points"]]
 
 
+def test_a_decoder_sweep_stops_before_a_point_over_the_estimate_budget(tmp_path, monkeypatch):
+    """Each point's prediction (its `measure`, the --memory-fraction check) replays
+    layers x (new tokens + 1) layer passes: the sweep stops before one over the budget (here
+    100, so that the test replays little), its earlier points whole and logged."""
+    monkeypatch.setattr(sweep.decoder, "ESTIMATE_BUDGET", 100)
+    tiny = ["--workload", "decoder", *runfixtures.TINY_DECODER]
+    argv = [*tiny, "--vary", "new-tokens", "--start", "2", "--factor", "3", "--until-oom"]
+    code, runner, summary, _ = decoder_sweep(tmp_path, argv)
+    assert code == 0
+    assert [p["configuration"]["new_tokens"] for p in summary["points"]] == [2, 6, 18]
+    assert summary["stopped_because"] == (
+        "the next point is not started: the prediction would replay 110 layer passes "
+        "(2 layers x (54 new tokens + 1)), over the estimate budget of 100 (--estimate-budget)"
+    )
+    assert len(runner.started) == 3
+    assert decoder_log_runs(tmp_path) == [p["run"] for p in summary["points"]]
+
+
 # ---------------------------------------------------------------- refused before anything runs
 
 
@@ -259,6 +277,11 @@ def test_a_decoder_sweep_bounded_by_steps_stops_there(tmp_path):
         (
             [*EIGHT_B, "--context", "8", *BATCHES, "--until-oom"],
             "unrecognized arguments: --context 8",
+        ),
+        (
+            [*EIGHT_B, "--vary", "new-tokens", "--start", "4000", "--factor", "2", "--until-oom"],
+            "the prediction would replay 128032 layer passes (32 layers x (4000 new tokens + 1)), "
+            "over the estimate budget of 100000 (--estimate-budget)",
         ),
     ],
 )

@@ -77,6 +77,37 @@ def test_a_file_that_is_not_a_results_log_is_refused(tmp_path):
     assert f"{a}: line 1: not the header of resultats-bruts.csv" in result.stderr
 
 
+def test_a_log_that_starts_with_a_byte_order_mark_is_refused_saying_so(tmp_path):
+    """Refused, plainly: the pipeline never writes one, so a spreadsheet rewrote this log,
+    and its rows are no longer known to be the ones recorded."""
+    a = tmp_path / "a.csv"
+    a.write_bytes(b"\xef\xbb\xbf" + runfixtures.log_bytes(rows(1)))
+    out = tmp_path / "team.csv"
+    result = run_script("merge.py", str(a), "--output", str(out))
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[0] == (
+        f"{a}: line 1: starts with a UTF-8 byte-order mark, which no log the pipeline writes "
+        "has (a spreadsheet's 'CSV UTF-8' export adds it): save it as plain UTF-8"
+    )
+    assert "not the header" not in result.stderr
+    assert not out.exists()
+
+
+def test_a_dangling_link_as_output_is_refused_as_such(tmp_path):
+    a = write_log(tmp_path / "a.csv", rows(1))
+    out = tmp_path / "team.csv"
+    out.symlink_to(tmp_path / "nowhere.csv")
+    result = run_script("merge.py", str(a), "--output", str(out))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"merge.py: error: {out} is a dangling symbolic link: a merge writes a new file only, "
+        "never through a link\n"
+    )
+    assert out.is_symlink()
+    assert not (tmp_path / "nowhere.csv").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "team.csv"]
+
+
 def test_an_existing_output_is_refused_and_keeps_its_bytes(tmp_path):
     a = write_log(tmp_path / "a.csv", rows(1))
     out = tmp_path / "team.csv"

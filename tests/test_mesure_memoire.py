@@ -388,6 +388,101 @@ def test_environment_output_follows_the_no_overwrite_rule(tmp_path, existing):
     assert (tmp_path / existing).read_bytes() == b"before"
 
 
+@pytest.fixture
+def read_only(tmp_path, monkeypatch):
+    """A folder that refuses new files, as the kernel refuses them to a user who may not
+    write there (root may write anyway, so the refusal is also simulated in-process)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    real_access, real_open, real_mkstemp = os.access, os.open, mm.tempfile.mkstemp
+
+    def inside(path) -> bool:
+        return os.path.abspath(os.fspath(path)) == str(folder)
+
+    def access(path, mode, **kwargs):
+        return False if inside(path) and mode & os.W_OK else real_access(path, mode, **kwargs)
+
+    def open_(path, flags, *args, **kwargs):
+        if inside(path) and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and inside(dir):
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(mm.tempfile, "mkstemp", mkstemp)
+    yield folder
+    folder.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["environment", "--device", "cuda:0", "--output", "{ro}/new.json"],
+        ["measure", "--device", "cuda:0", "--output", "{ro}/new.json"],
+        [
+            "measure",
+            "--device",
+            "cuda:0",
+            "--output",
+            "{tmp}/m.json",
+            "--environment-output",
+            "{ro}/new.json",
+        ],
+    ],
+)
+def test_an_output_in_an_unwritable_folder_is_one_line_and_exit_2(
+    tmp_path, read_only, capsys, argv
+):
+    """Refused before any work (the environment, the GPU), in one line, nothing written."""
+    argv = [a.format(ro=read_only, tmp=tmp_path) for a in argv]
+    assert mm.main(argv) == 2
+    captured = capsys.readouterr()
+    assert (
+        captured.err
+        == f"mesure_memoire.py: error: {read_only} is not writable: no new file can be made there\n"
+    )
+    assert captured.out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro"]
+    assert list(read_only.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes anywhere")
+def test_an_unwritable_folder_for_real(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        argv = ["environment", "--device", "cuda:0", "--output", str(folder / "new.json")]
+        result = run_script("mesure_memoire.py", *argv)
+    finally:
+        folder.chmod(0o755)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"mesure_memoire.py: error: {folder} is not writable: no new file can be made there\n"
+    )
+    assert list(folder.iterdir()) == []
+
+
+def test_an_output_the_file_system_refuses_at_write_time_is_one_line_and_exit_2(tmp_path):
+    """The last guard, for what no check up front sees (here a name too long to link)."""
+    out = tmp_path / ("x" * 300 + ".json")
+    result = run_script(
+        "mesure_memoire.py", "environment", "--device", "cuda:0", "--output", str(out)
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"mesure_memoire.py: error: {out} cannot be written (")
+    assert result.stderr.endswith("): nothing was written\n")
+    assert result.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_environment_output_and_output_must_differ(tmp_path):
     same = str(tmp_path / "x.json")
     result = run_script(

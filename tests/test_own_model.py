@@ -218,9 +218,15 @@ def test_a_workload_argument_without_a_function_is_refused(capsys, tmp_path):
             "must return the loss, one value that requires grad; it returned a tensor of 1 "
             "element(s), requires_grad=False",
         ),
+        (
+            "    model = torch.nn.Linear(4, 4).to(config.device)\n"
+            "    return Workload(model, lambda: 5)\n",
+            "make_inputs() returned int: expected a tensor, a tuple or list (the model's "
+            "positional arguments) or a dict (its keyword arguments)",
+        ),
     ],
     ids=["not-a-workload", "model-on-cpu", "buffer-on-cpu", "inputs-on-cpu", "step-returns-none",
-         "optimizer-without-step", "loss-without-grad"],
+         "optimizer-without-step", "loss-without-grad", "inputs-not-the-contracts"],
 )  # fmt: skip
 def test_a_broken_contract_is_refused(capsys, tmp_path, body, fragment):
     path = workload(tmp_path, HEADER + "def linear(config):\n" + body)
@@ -228,6 +234,73 @@ def test_a_broken_contract_is_refused(capsys, tmp_path, body, fragment):
     refused(capsys, tmp_path, code, fragment)
     assert own_model.main(estimate(f"{path}:linear")) == 2
     assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--repeats", "10000000"], "10000002 steps (1 cold + --warmup 1 + --repeats 10000000), "
+         "over the estimate budget of 64 (--estimate-budget)"),
+        (["--warmup", "10", "--repeats", "10", "--estimate-budget", "20"], "21 steps (1 cold + "
+         "--warmup 10 + --repeats 10), over the estimate budget of 20 (--estimate-budget)"),
+    ],
+    ids=["default", "given"],
+)  # fmt: skip
+def test_a_trace_over_the_estimate_budget_is_refused_up_front(capsys, tmp_path, argv, message):
+    """Counted from the options before the workload is even read: ten million traced steps
+    would run for days."""
+    path = workload(tmp_path, LINEAR)
+    code, _ = measure(tmp_path, f"{path}:linear", *argv)
+    refused(capsys, tmp_path, code, f"the trace would run {message}")
+    assert own_model.main(estimate(f"{path}:linear", *argv)) == 2
+    assert capsys.readouterr().err == f"own_model.py: error: the trace would run {message}\n"
+
+
+def test_the_estimate_budget_admits_every_committed_own_model_run():
+    committed = 0
+    for path in RUNS.glob("*/*.json"):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(document, dict) and document.get("schema") == own_model.SCHEMA:
+            configuration = document["configuration"]
+            steps = 1 + configuration["warmup"] + configuration["repeats"]
+            assert steps <= own_model.ESTIMATE_BUDGET, path
+            committed += 1
+    assert committed > 0
+
+
+@pytest.mark.parametrize(
+    ("source", "phase"),
+    [
+        (LINEAR + "import sys\nsys.exit(0)\n", "import"),
+        (LINEAR.replace("    model = ", "    import sys\n    sys.exit(0)\n    model = "),
+         "model_load"),
+        (LINEAR.replace("        shape = ", "        raise SystemExit(0)\n        shape = "),
+         "inputs"),
+    ],
+    ids=["import", "model_load", "inputs"],
+)  # fmt: skip
+def test_a_workload_that_exits_is_refused_in_one_line(capsys, tmp_path, source, phase):
+    """SystemExit from the user's code is that code failing: not exit 0 with nothing said."""
+    path = workload(tmp_path, source)
+    who = f"--workload {path}" if phase == "import" else "the workload linear"
+    fragment = f"{who} called sys.exit(0) in {phase}: a workload returns, it never ends"
+    code, _ = measure(tmp_path, f"{path}:linear")
+    refused(capsys, tmp_path, code, fragment)
+    assert own_model.main(estimate(f"{path}:linear")) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert fragment in captured.err
+
+
+def test_a_workload_that_exits_is_refused_by_the_script(tmp_path):
+    path = workload(tmp_path, LINEAR.replace("    model = ", "    raise SystemExit\n    model = "))
+    result = run_script("own_model.py", *estimate(f"{path}:linear"))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "own_model.py: error: the workload linear called sys.exit(None) in model_load: "
+        "a workload returns, it never ends the process\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -266,7 +339,9 @@ def test_the_command_line_script_loads_a_workload_that_imports_own_model(tmp_pat
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here")
-def test_measure_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
+def test_measure_without_a_gpu_is_refused_leaving_its_environment_as_the_kit_does(tmp_path):
+    """mesure_memoire.py and decoder.py measure write the environment first, refused or not
+    (the diagnostic of why): own_model.py does the same; the measurement is never written."""
     path = workload(tmp_path, LINEAR)
     result = run_script("own_model.py", "measure", "--workload", f"{path}:linear",
                         "--device", "cuda:0", "--output", str(tmp_path / "m.json"),
@@ -276,7 +351,15 @@ def test_measure_without_a_gpu_is_refused_and_writes_nothing(tmp_path):
         "own_model.py: error: no GPU is visible to PyTorch: measure needs one and never uses "
         "the CPU\n"
     )
-    assert list(tmp_path.iterdir()) == [path]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.json", path.name]
+    document = json.loads((tmp_path / "env.json").read_text())
+    assert validate.validate_document(document, REGISTRY) == []
+    assert document["environment"]["gpu"]["available"] is False
+    kit = run_script("mesure_memoire.py", "measure", "--device", "cuda:0",
+                     "--output", str(tmp_path / "k.json"),
+                     "--environment-output", str(tmp_path / "k-env.json"))  # fmt: skip
+    assert kit.returncode == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.json", "k-env.json", path.name]
 
 
 # ------------------------------------------------------------------ the user's own exceptions

@@ -42,6 +42,17 @@ def test_shipped_plans_are_valid(plan):
         ("vary: width\nstart: 0\nfactor: 2\nstop: {until_oom: true}\n", "less than the minimum"),
         ("vary: width\nstart: 8\nfactor: 1\nstop: {max_steps: 3}\n", "less than or equal"),
         ("vary: width\nstart: 8\nfactor: 2\nstop: {}\n", "should be non-empty"),
+        (
+            "vary: width\nstart: 8\nfactor: .inf\nstop: {max_steps: 3}\n",
+            ": factor inf: not a finite",
+        ),
+        ("vary: width\nstart: 8\nfactor: 1.0e+400\nstop: {max_steps: 3}\n", ": factor inf: not a"),
+        ("vary: width\nstart: 8\nfactor: 1001\nstop: {max_steps: 3}\n", "greater than the maximum"),
+        ("vary: width\nstart: 8\nfactor: .nan\nstop: {max_steps: 3}\n", ": factor nan: not a"),
+        (
+            "vary: width\nstart: 8\nfactor: 2\nstop: {memory_fraction: .nan}\n",
+            ": stop.memory_fraction nan",
+        ),
         ("- a list\n", "a plan is a mapping"),
         ("vary: [unclosed\n", "cannot read the plan"),
     ],
@@ -63,6 +74,28 @@ def test_a_bad_plan_is_one_line_exit_2_and_nothing_runs(tmp_path, text, message)
     assert result.stderr.count("\n") == 1
     assert message in result.stderr
     assert list(runs.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("bound", "factor", "message"),
+    [
+        ("--until-oom", "9" * 400, "argument --factor: expected a number > 1 and at most 1000, "
+         "got '99999999999999999999... (400 characters)'"),
+        ("--until-oom", "1001", "argument --factor: expected a number > 1 and at most 1000, got "
+         "'1001'"),
+        ("--memory-fraction=0.000", "2", "argument --memory-fraction: expected a fraction in "
+         "(0, 1], got '0.000'"),
+    ],
+    ids=["infinite-factor", "absurd-factor", "zero-fraction"],
+)  # fmt: skip
+def test_non_finite_or_absurd_numbers_are_refused_up_front(tmp_path, bound, factor, message):
+    """Refused before any point: a float that became infinity would crash the sweep after
+    its first point, before that point's row and sweep.json are written."""
+    argv = ["--vary", "width", "--start", "8", "--factor", factor, bound]
+    result = run_script("sweep.py", "--device", "cuda:0", *argv, "--runs-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr == f"sweep.py: error: {message}\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
