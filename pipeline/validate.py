@@ -590,7 +590,7 @@ def checked(
         raise cli.UsageError(f"{path}: a symbolic link out of {inside}: not read")
     if not path.is_file():
         raise cli.UsageError(
-            f"{path}: no such file" if not path.exists() else f"{path}: not a file"
+            f"{path}: no such file or directory" if not path.exists() else f"{path}: not a file"
         )
     data = path.read_bytes()
     try:

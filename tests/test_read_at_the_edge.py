@@ -272,7 +272,9 @@ def test_a_calibration_of_another_gpu_or_pytorch_is_refused_by_measure():
 
 
 def test_a_decoder_measurement_whose_calibration_is_another_gpus_does_not_validate():
-    source = next(RUNS.glob("*-decoder-sweep/*/measurement.json"))
+    source = (
+        RUNS / "20261203T094114Z-decoder-sweep" / "20261203T094114Z-588a67" / "measurement.json"
+    )
     document = json.loads(source.read_bytes())
     assert validate.validate_document(document, validate.registry()) == []
     document["prediction"]["calibration"]["gpu"] = "NVIDIA A100-SXM4-80GB"

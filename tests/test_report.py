@@ -97,7 +97,9 @@ def test_report_json_names_each_source_and_picture_by_its_sha256(tmp_path):
     }
     assert {p["file"]: p["from"] for p in document["pictures"]}["cost-7d-40.png"] == [CONTEXT_SWEEP]
     assert document["cost"]["peak_reserved_bytes"] == 77_366_034_432  # the sweep's, the largest
-    records = fit.evidence(runs, [report.read_source(runs / CONTEXT_SWEEP).need])
+    records = list(
+        fit.evidence(runs, [report.read_source(runs / CONTEXT_SWEEP).need]).records.values()
+    )
     others = report.catalogue_lines(fit.load_catalogue(None), records)
     assert document["usable_memory_lines"] == [
         {
@@ -452,7 +454,7 @@ OWN_RUN = OWN_SWEEP_FOLDER / "20261203T131539Z-bbb316"  # the longest title: a u
 def drawn_sweep(folder: Path, runs: Path):
     """The sweep's picture as report.py draws it, with the catalogue as plan() gives it."""
     sweep = report.read_source(folder)
-    records = fit.evidence(runs, [sweep.need])
+    records = list(fit.evidence(runs, [sweep.need]).records.values())
     catalogue = report.catalogue_lines(fit.load_catalogue(None), records)
     if sweep.document["plan"].get("workload") == "decoder":
         figure = report.sweep_picture(sweep, records, catalogue)
@@ -508,7 +510,9 @@ def test_the_out_of_memory_mark_is_where_the_point_was_tried_and_its_label_insid
     [mark] = [line for line in axes.get_lines() if line.get_marker() == "X"]
     assert list(mark.get_xdata()) == [tried["configuration"][vary]]
     sweep = report.read_source(folder)
-    usable, _ = report.usable_line(sweep, fit.evidence(SWEEPS[kind][1], [sweep.need]))
+    usable, _ = report.usable_line(
+        sweep, list(fit.evidence(SWEEPS[kind][1], [sweep.need]).records.values())
+    )
     assert list(mark.get_ydata()) == [usable / 2**30]
     assert usable / 2**30 == pytest.approx(139.13, abs=0.01)  # the H200's
     completed = [p["peak_reserved_bytes"] for p in document["points"] if p["status"] == "completed"]
