@@ -8,6 +8,7 @@ reuses its `UsageError` and `write_new` so that there is one of each.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,9 +29,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def run(prog: str, body: Callable[[], int], interrupted: str = "every file written is whole"):
-    """Call body(); a UsageError or OSError becomes one line and exit 2, Ctrl-C exit 130."""
+    """Call body(); a UsageError or OSError becomes one line and exit 2, Ctrl-C exit 130; a
+    reader that stopped early (`| head`) ends it quietly, exit 1."""
     try:
         return body()
+    except BrokenPipeError:  # `| head` stopped reading: Python's documented way to stay quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return INVALID
     except (UsageError, OSError) as exc:
         print(f"{prog}: error: {os_message(exc)}", file=sys.stderr)
         return USAGE
