@@ -85,6 +85,8 @@ META_CHOICES = {
     "cuDNN attention",
     "batch_norm": "traced on the meta device (no GPU), PyTorch takes its native kernel where "
     "a GPU may take cuDNN's, with other outputs",
+    "recurrent layers": "traced on the meta device (no GPU), PyTorch runs LSTM, GRU and RNN "
+    "layers step by step where a GPU runs cuDNN's fused kernels, with their own workspace",
 }
 # Operators whose scratch on a GPU depends on the tensors' values, which neither a fake
 # tensor nor a probe on zeros has: calibrated or not, the prediction for them is approximate.
@@ -148,6 +150,14 @@ IN_PLACE_IN_A_REAL_RUN = {
     f"{BACKWARD}ProdBackward0::apply": {"aten.cumprod.default": "other"},
     f"{BACKWARD}ProdBackward1::apply": {"aten.cumprod.default": "other"},
 }
+FAST_PATH_FILES = (
+    os.path.join("nn", "modules", "transformer.py"),
+    os.path.join("nn", "modules", "activation.py"),
+)
+FAST_PATH = (
+    "a real run takes PyTorch's fused kernels here (the fast path of inference), which the "
+    "trace cannot follow (its tensors are a subclass): it traced the general path instead"
+)
 OTHER_WAY = (
     "a real run takes another way here than the trace, with sizes that depend on the "
     "tensors' values"
@@ -260,6 +270,8 @@ class Tracer:
             if not self.real:
                 self._patch_optimizers()
                 self._patch_swap()
+                self._patch_deepcopy()
+                self._patch_fast_paths()
             for mode in modes:
                 mode.__enter__()
                 self._undo.append(lambda mode=mode: mode.__exit__(None, None, None))
@@ -316,23 +328,90 @@ class Tracer:
         torch.utils.swap_tensors = swap
         self._undo.append(lambda: setattr(torch.utils, "swap_tensors", original))
 
+    def _patch_deepcopy(self) -> None:
+        """copy.deepcopy of a fake tensor deep-copies its `__dict__` (torch's
+        Tensor.__deepcopy__), and with it the FakeTensorMode it refers to: the copy belongs to
+        a second mode, and the next operator mixing it with the others fails ("Mixing fake
+        modes NYI"). nn.TransformerEncoder and Decoder deep-copy their layer. A mode is the
+        trace's context, not data: a copy of it is itself."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        had = "__deepcopy__" in FakeTensorMode.__dict__
+        original = FakeTensorMode.__dict__.get("__deepcopy__")
+        FakeTensorMode.__deepcopy__ = lambda mode, memo: mode
+
+        def undo():
+            if had:
+                FakeTensorMode.__deepcopy__ = original
+            else:
+                del FakeTensorMode.__deepcopy__
+
+        self._undo.append(undo)
+
+    def _patch_fast_paths(self) -> None:
+        """nn.MultiheadAttention, TransformerEncoderLayer and TransformerEncoder take
+        PyTorch's fused kernels (the "fast path": inference, batch first, ...) only when no
+        tensor argument has a torch function, which fake tensors always have: there the
+        trace follows the slow path and a real run does not. Asked at that very check, the
+        answer is noted: the module, and why the prediction is approximate."""
+        import sys
+
+        overrides = self.torch.overrides
+        original = overrides.has_torch_function
+        notes = self.trace.notes
+
+        def has_torch_function(args):
+            answer = original(args)
+            caller = sys._getframe(1)
+            if answer and caller.f_code.co_filename.endswith(FAST_PATH_FILES):
+                module = type(caller.f_locals.get("self")).__name__
+                notes.setdefault(f"{module} fast path", FAST_PATH)
+            return answer
+
+        overrides.has_torch_function = has_torch_function
+        self._undo.append(lambda: setattr(overrides, "has_torch_function", original))
+
 
 def make_choice_notes(torch, trace: Trace):
-    """On the meta device: note the calls whose kernels a GPU would choose otherwise."""
+    """On the meta device: note the calls whose kernels a GPU would choose otherwise, and
+    make tensors from data fake.
+
+    torch.tensor, as_tensor and asarray build a tensor from Python data with PyTorch's
+    dispatch keys excluded, and for the meta device return it before handing it to the
+    fake mode (`internal_new_from_data` in torch/csrc/utils/tensor_new.cpp): a real meta
+    tensor, which the next operator refuses ("Please convert all Tensors to FakeTensors
+    first"). Transformers' caches start that way (`torch.tensor([], device=...)`). Built on
+    the CPU and copied to the device instead, it is fake, and allocated on the device as a
+    GPU run allocates it."""
     from torch.overrides import TorchFunctionMode
 
     functions = {
         torch.nn.functional.scaled_dot_product_attention: "scaled_dot_product_attention",
         torch.nn.functional.batch_norm: "batch_norm",
         torch.batch_norm: "batch_norm",
+        **dict.fromkeys(
+            (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu), "recurrent layers"
+        ),
     }
+    from_data = {torch.tensor, torch.as_tensor, torch.asarray}
 
     class ChoiceNotes(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
             name = functions.get(func)
             if name is not None:
                 trace.notes.setdefault(name, META_CHOICES[name])
-            return func(*args, **(kwargs or {}))
+            if (
+                func in from_data
+                and args
+                and not isinstance(args[0], torch.Tensor)
+                and torch.device(kwargs.get("device") or "cpu").type == "meta"
+            ):
+                kwargs = dict(kwargs, device="cpu")
+                grad = kwargs.pop("requires_grad", False)
+                kwargs.pop("pin_memory", None)
+                return func(*args, **kwargs).to("meta").requires_grad_(grad)
+            return func(*args, **kwargs)
 
     return ChoiceNotes
 
