@@ -470,12 +470,44 @@ def make_recorder(torch):
             if seeded in func.tags and not self.tracer.real:
                 out = self.seeded(func, args, kwargs)
             else:
-                out = func(*args, **kwargs)
+                try:
+                    out = func(*args, **kwargs)
+                except AssertionError:
+                    made = self.made_from_data(args, kwargs)
+                    if made is None:
+                        raise
+                    out = func(*made[0], **made[1])
             memo = getattr(self.tracer.fake.fake_tensor_converter, "meta_converter", None)
             if memo is not None:  # its weak references would stop nn.Module.to()'s swaps
                 memo.tensor_memo.clear()
             self.record(func, args, kwargs, out)
             return out
+
+        def made_from_data(self, args, kwargs):
+            """(args, kwargs) with each real meta tensor replaced by a fake one, allocated now;
+            None if there is none. Indexing with a Python list (`x[..., [-1]]`) makes its
+            index tensor from data, like torch.tensor (make_choice_notes), on the meta device
+            outside the fake mode, which then refuses it. On a GPU that tensor is a block on
+            the device, allocated where it is made, just before its use."""
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            found = []
+
+            def fake(x):
+                if (
+                    isinstance(x, torch.Tensor)
+                    and not isinstance(x, FakeTensor)
+                    and x.device.type == "meta"
+                    and not self.tracer.real
+                ):
+                    x = self.tracer.fake.from_tensor(x)
+                    sid, nbytes = self.track(x)
+                    self.events.append(("unseen", sid, nbytes))
+                    found.append(x)
+                return x
+
+            made = tree_map(fake, (args, kwargs))
+            return made if found else None
 
         def seeded(self, func, args, kwargs):
             """Random operators: values do not matter for memory, and a fake CUDA
