@@ -443,7 +443,10 @@ def make_recorder(torch):
 
         def poll(self) -> None:
             """Storages whose last reference went since the last operator: freed, now."""
-            dead = [key for key, entry in self.live.items() if entry[0].expired()]
+            # Every live storage is asked at every operator: the C function itself, not
+            # StorageWeakRef.expired's three Python calls (the 8B trace asks millions of times).
+            expired = torch.UntypedStorage._expired
+            dead = [key for key in self.live if expired(key)]
             pending, self.pending_in_place = self.pending_in_place, None
             for sid in sorted(self.live.pop(key)[2] for key in dead):  # in a stable order
                 if pending is not None and sid == pending[1]:
