@@ -5,6 +5,9 @@
         --output m.json [--environment-output env.json]
     python3 pipeline/own_model.py estimate --workload FILE.py:FUNCTION --dtype bfloat16 \\
         --batch 8 [--dim NAME=VALUE ...] [--calibration m.json] [--json]
+    python3 pipeline/own_model.py estimate|measure --hf-config config.json \\
+        --task inference|generate|training|lora [--new-tokens N] [--lora-rank R] \\
+        [--gradient-checkpointing] --dim sequence=2048 ...   (hf_model.py: a Hugging Face model)
 
 The workload file defines FUNCTION(config, *, name=default, ...): `config` has `device`,
 `dtype`, `batch` and `seed`; the keyword-only parameters with integer defaults are the
