@@ -179,6 +179,8 @@ def tests(session: nox.Session) -> None:
     """Run the test suite with a CPU torch; GPU tests are skipped where no GPU is visible."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "test"))
     install_cpu_torch(session)
+    # After torch: peft and accelerate require torch, and before it pip would fetch a CUDA one.
+    session.install(*nox.project.dependency_groups(PYPROJECT, "hf"))
     session.run("pytest", *session.posargs)
 
 

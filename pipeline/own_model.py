@@ -5,6 +5,9 @@
         --output m.json [--environment-output env.json]
     python3 pipeline/own_model.py estimate --workload FILE.py:FUNCTION --dtype bfloat16 \\
         --batch 8 [--dim NAME=VALUE ...] [--calibration m.json] [--json]
+    python3 pipeline/own_model.py estimate|measure --hf-config config.json \\
+        --task inference|generate|training|lora [--new-tokens N] [--lora-rank R] \\
+        [--gradient-checkpointing] --dim sequence=2048 ...   (hf_model.py: a Hugging Face model)
 
 The workload file defines FUNCTION(config, *, name=default, ...): `config` has `device`,
 `dtype`, `batch` and `seed`; the keyword-only parameters with integer defaults are the
@@ -750,9 +753,23 @@ def setting_from(args) -> Setting:
             f"{args.repeats}), over the estimate budget of {args.estimate_budget} "
             "(--estimate-budget)"
         )
-    file = read_workload_file(*args.workload)
+    given = list(args.dim)
+    if args.hf_config is not None:
+        import hf_model
+
+        file = hf_model.workload_file(
+            Path(args.hf_config), args.task or "inference", args.gradient_checkpointing
+        )
+        options = {"new_tokens": args.new_tokens, "lora_rank": args.lora_rank}
+        given += [(name, value) for name, value in options.items() if value is not None]
+    else:
+        if args.task or args.new_tokens or args.lora_rank or args.gradient_checkpointing:
+            raise cli.UsageError(
+                "--task, --new-tokens, --lora-rank and --gradient-checkpointing go with --hf-config"
+            )
+        file = read_workload_file(*args.workload)
     return Setting(
-        file, args.dtype, args.batch, {}, {}, args.warmup, args.repeats, args.seed, args.dim
+        file, args.dtype, args.batch, {}, {}, args.warmup, args.repeats, args.seed, given
     )
 
 
@@ -1037,19 +1054,39 @@ def add_configuration(parser) -> None:
     )
 
 
+def add_hf_options(parser) -> None:
+    """What to run of a --hf-config model (hf_model.py)."""
+    parser.add_argument("--task", choices=("inference", "generate", "training", "lora"))
+    parser.add_argument(
+        "--new-tokens", type=mesure_memoire.positive_int, help="generate: tokens (default 16)"
+    )
+    parser.add_argument(
+        "--lora-rank", type=mesure_memoire.positive_int, help="lora: the rank (default 8)"
+    )
+    parser.add_argument(
+        "--gradient-checkpointing", action="store_true", help="the model's own checkpointing"
+    )
+
+
 def build_parser() -> cli.Parser:
     parser = cli.Parser(prog="own_model.py", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
     measure_parser = commands.add_parser("measure", help="measure a workload phase by phase")
     estimate_parser = commands.add_parser("estimate", help="predict its counters, no GPU")
     for p in (measure_parser, estimate_parser):
-        p.add_argument(
+        which = p.add_mutually_exclusive_group(required=True)
+        which.add_argument(
             "--workload",
-            required=True,
             type=workload_argument,
             metavar="FILE.py:FUNCTION",
             help="the file and the function that returns a Workload",
         )
+        which.add_argument(
+            "--hf-config",
+            metavar="CONFIG.json",
+            help="a Hugging Face model's config.json, built with transformers (hf_model.py)",
+        )
+        add_hf_options(p)
         add_configuration(p)
         p.add_argument(
             "--estimate-budget",

@@ -85,6 +85,8 @@ META_CHOICES = {
     "cuDNN attention",
     "batch_norm": "traced on the meta device (no GPU), PyTorch takes its native kernel where "
     "a GPU may take cuDNN's, with other outputs",
+    "recurrent layers": "traced on the meta device (no GPU), PyTorch runs LSTM, GRU and RNN "
+    "layers step by step where a GPU runs cuDNN's fused kernels, with their own workspace",
 }
 # Operators whose scratch on a GPU depends on the tensors' values, which neither a fake
 # tensor nor a probe on zeros has: calibrated or not, the prediction for them is approximate.
@@ -148,6 +150,14 @@ IN_PLACE_IN_A_REAL_RUN = {
     f"{BACKWARD}ProdBackward0::apply": {"aten.cumprod.default": "other"},
     f"{BACKWARD}ProdBackward1::apply": {"aten.cumprod.default": "other"},
 }
+FAST_PATH_FILES = (
+    os.path.join("nn", "modules", "transformer.py"),
+    os.path.join("nn", "modules", "activation.py"),
+)
+FAST_PATH = (
+    "a real run takes PyTorch's fused kernels here (the fast path of inference), which the "
+    "trace cannot follow (its tensors are a subclass): it traced the general path instead"
+)
 OTHER_WAY = (
     "a real run takes another way here than the trace, with sizes that depend on the "
     "tensors' values"
@@ -249,7 +259,10 @@ class Tracer:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         self.fake = FakeTensorMode(allow_non_fake_inputs=False, allow_fallback_kernels=False)
-        self.fake.cache_enabled = False  # its cache keeps weak references to tensors
+        # Its dispatch cache gives each repeated operator call (one per layer) its outputs'
+        # shapes without running the meta kernel again: a quarter of the 8B-class trace's
+        # time; the outputs are new fake tensors all the same, so the trace is unchanged.
+        self.fake.cache_enabled = True
         self.recorder = make_recorder(self.torch)(self)
         modes = [self.recorder]
         if not self.real:
@@ -260,6 +273,8 @@ class Tracer:
             if not self.real:
                 self._patch_optimizers()
                 self._patch_swap()
+                self._patch_deepcopy()
+                self._patch_fast_paths()
             for mode in modes:
                 mode.__enter__()
                 self._undo.append(lambda mode=mode: mode.__exit__(None, None, None))
@@ -316,23 +331,90 @@ class Tracer:
         torch.utils.swap_tensors = swap
         self._undo.append(lambda: setattr(torch.utils, "swap_tensors", original))
 
+    def _patch_deepcopy(self) -> None:
+        """copy.deepcopy of a fake tensor deep-copies its `__dict__` (torch's
+        Tensor.__deepcopy__), and with it the FakeTensorMode it refers to: the copy belongs to
+        a second mode, and the next operator mixing it with the others fails ("Mixing fake
+        modes NYI"). nn.TransformerEncoder and Decoder deep-copy their layer. A mode is the
+        trace's context, not data: a copy of it is itself."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        had = "__deepcopy__" in FakeTensorMode.__dict__
+        original = FakeTensorMode.__dict__.get("__deepcopy__")
+        FakeTensorMode.__deepcopy__ = lambda mode, memo: mode
+
+        def undo():
+            if had:
+                FakeTensorMode.__deepcopy__ = original
+            else:
+                del FakeTensorMode.__deepcopy__
+
+        self._undo.append(undo)
+
+    def _patch_fast_paths(self) -> None:
+        """nn.MultiheadAttention, TransformerEncoderLayer and TransformerEncoder take
+        PyTorch's fused kernels (the "fast path": inference, batch first, ...) only when no
+        tensor argument has a torch function, which fake tensors always have: there the
+        trace follows the slow path and a real run does not. Asked at that very check, the
+        answer is noted: the module, and why the prediction is approximate."""
+        import sys
+
+        overrides = self.torch.overrides
+        original = overrides.has_torch_function
+        notes = self.trace.notes
+
+        def has_torch_function(args):
+            answer = original(args)
+            caller = sys._getframe(1)
+            if answer and caller.f_code.co_filename.endswith(FAST_PATH_FILES):
+                module = type(caller.f_locals.get("self")).__name__
+                notes.setdefault(f"{module} fast path", FAST_PATH)
+            return answer
+
+        overrides.has_torch_function = has_torch_function
+        self._undo.append(lambda: setattr(overrides, "has_torch_function", original))
+
 
 def make_choice_notes(torch, trace: Trace):
-    """On the meta device: note the calls whose kernels a GPU would choose otherwise."""
+    """On the meta device: note the calls whose kernels a GPU would choose otherwise, and
+    make tensors from data fake.
+
+    torch.tensor, as_tensor and asarray build a tensor from Python data with PyTorch's
+    dispatch keys excluded, and for the meta device return it before handing it to the
+    fake mode (`internal_new_from_data` in torch/csrc/utils/tensor_new.cpp): a real meta
+    tensor, which the next operator refuses ("Please convert all Tensors to FakeTensors
+    first"). Transformers' caches start that way (`torch.tensor([], device=...)`). Built on
+    the CPU and copied to the device instead, it is fake, and allocated on the device as a
+    GPU run allocates it."""
     from torch.overrides import TorchFunctionMode
 
     functions = {
         torch.nn.functional.scaled_dot_product_attention: "scaled_dot_product_attention",
         torch.nn.functional.batch_norm: "batch_norm",
         torch.batch_norm: "batch_norm",
+        **dict.fromkeys(
+            (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu), "recurrent layers"
+        ),
     }
+    from_data = {torch.tensor, torch.as_tensor, torch.asarray}
 
     class ChoiceNotes(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
             name = functions.get(func)
             if name is not None:
                 trace.notes.setdefault(name, META_CHOICES[name])
-            return func(*args, **(kwargs or {}))
+            if (
+                func in from_data
+                and args
+                and not isinstance(args[0], torch.Tensor)
+                and torch.device(kwargs.get("device") or "cpu").type == "meta"
+            ):
+                kwargs = dict(kwargs, device="cpu")
+                grad = kwargs.pop("requires_grad", False)
+                kwargs.pop("pin_memory", None)
+                return func(*args, **kwargs).to("meta").requires_grad_(grad)
+            return func(*args, **kwargs)
 
     return ChoiceNotes
 
@@ -364,7 +446,10 @@ def make_recorder(torch):
 
         def poll(self) -> None:
             """Storages whose last reference went since the last operator: freed, now."""
-            dead = [key for key, entry in self.live.items() if entry[0].expired()]
+            # Every live storage is asked at every operator: the C function itself, not
+            # StorageWeakRef.expired's three Python calls (the 8B trace asks millions of times).
+            expired = torch.UntypedStorage._expired
+            dead = [key for key in self.live if expired(key)]
             pending, self.pending_in_place = self.pending_in_place, None
             for sid in sorted(self.live.pop(key)[2] for key in dead):  # in a stable order
                 if pending is not None and sid == pending[1]:
@@ -391,12 +476,44 @@ def make_recorder(torch):
             if seeded in func.tags and not self.tracer.real:
                 out = self.seeded(func, args, kwargs)
             else:
-                out = func(*args, **kwargs)
+                try:
+                    out = func(*args, **kwargs)
+                except AssertionError:
+                    made = self.made_from_data(args, kwargs)
+                    if made is None:
+                        raise
+                    out = func(*made[0], **made[1])
             memo = getattr(self.tracer.fake.fake_tensor_converter, "meta_converter", None)
             if memo is not None:  # its weak references would stop nn.Module.to()'s swaps
                 memo.tensor_memo.clear()
             self.record(func, args, kwargs, out)
             return out
+
+        def made_from_data(self, args, kwargs):
+            """(args, kwargs) with each real meta tensor replaced by a fake one, allocated now;
+            None if there is none. Indexing with a Python list (`x[..., [-1]]`) makes its
+            index tensor from data, like torch.tensor (make_choice_notes), on the meta device
+            outside the fake mode, which then refuses it. On a GPU that tensor is a block on
+            the device, allocated where it is made, just before its use."""
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            found = []
+
+            def fake(x):
+                if (
+                    isinstance(x, torch.Tensor)
+                    and not isinstance(x, FakeTensor)
+                    and x.device.type == "meta"
+                    and not self.tracer.real
+                ):
+                    x = self.tracer.fake.from_tensor(x)
+                    sid, nbytes = self.track(x)
+                    self.events.append(("unseen", sid, nbytes))
+                    found.append(x)
+                return x
+
+            made = tree_map(fake, (args, kwargs))
+            return made if found else None
 
         def seeded(self, func, args, kwargs):
             """Random operators: values do not matter for memory, and a fake CUDA

@@ -1,0 +1,271 @@
+"""`own_model.py estimate --hf-config`: Hugging Face models built from published config.json
+files (tests/data/hf-configs/, reduced here to a few layers and small widths) and from
+transformers' own defaults for more families, traced without a GPU in inference and
+training, bfloat16 and float32. The trace follows their real code to the end, the prediction
+never says "exact" without a calibration, and the trace allocates what a real CPU run of the
+same workload allocates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mesure_memoire
+import own_model
+import pytest
+import trace_prediction as tp
+import validate
+from conftest import ROOT
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import hf_model  # noqa: E402  (after the skip: it needs nothing, its workloads need transformers)
+
+CONFIGS = ROOT / "tests" / "data" / "hf-configs"
+REGISTRY = validate.load_registry()
+# A few layers of small width, whatever each family calls them.
+SMALL = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"), 2),
+    **dict.fromkeys(("encoder_layers", "decoder_layers", "max_window_layers"), 2),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model"), 64),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads"), 4),
+    **dict.fromkeys(("encoder_attention_heads", "decoder_attention_heads"), 4),
+    **dict.fromkeys(("intermediate_size", "d_ff", "n_inner", "ffn_dim"), 128),
+    **dict.fromkeys(("encoder_ffn_dim", "decoder_ffn_dim"), 128),
+    **dict.fromkeys(("head_dim", "d_kv"), 16),
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "image_size": 32,
+    "patch_size": 8,
+}
+TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+PUBLISHED = sorted(path.stem for path in CONFIGS.glob("*.json"))
+# More lineages, from transformers' defaults for the model type, with their usual head.
+MORE = {
+    "mistral": "MistralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "opt": "OPTForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "falcon": "FalconForCausalLM",
+    "roberta": "RobertaForMaskedLM",
+    "bart": "BartForConditionalGeneration",
+}
+FLOAT32 = ("llama-3.1-8b", "t5-small", "vit-base-patch16-224-in21k", "bert-base-uncased")
+
+
+def reduced(name: str, **changes) -> dict:
+    """The family's config with SMALL's values where it has those keys."""
+    if name in MORE:
+        config = transformers.AutoConfig.for_model(name).to_dict()
+        config = {k: v for k, v in config.items() if k in SMALL or k == "model_type"}
+        config["architectures"] = [MORE[name]]
+        defaults = transformers.AutoConfig.for_model(name).to_dict()
+        config.update({key: defaults.get(key) for key in TOKENS})
+    else:
+        config = json.loads((CONFIGS / f"{name}.json").read_text())
+    config = {key: SMALL.get(key, value) for key, value in config.items()}
+    for key in TOKENS:  # special tokens inside the smaller vocabulary
+        if isinstance(config.get(key), int) and config[key] >= SMALL["vocab_size"]:
+            config[key] = 0
+    return {**config, **changes}
+
+
+def written(tmp_path, config: dict) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def estimate(capsys, path: Path, *options: str, sequence: int | None = 16) -> dict:
+    dims = ["--dim", f"sequence={sequence}"] if sequence else []
+    argv = ["estimate", "--hf-config", str(path), "--batch", "2", "--warmup", "1"]
+    code = own_model.main([*argv, "--repeats", "1", *dims, "--json", *options])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    document = json.loads(captured.out)
+    assert validate.validate_document(document, REGISTRY) == []
+    return document
+
+
+def is_image(config: dict) -> bool:
+    return config["model_type"] == "vit"
+
+
+CASES = [
+    (name, task, dtype)
+    for name in [*PUBLISHED, *MORE]
+    for task in ("inference", "training")
+    for dtype in ("bfloat16", *(("float32",) if name in FLOAT32 else ()))
+]
+
+
+@pytest.mark.parametrize(("name", "task", "dtype"), CASES)
+def test_published_and_other_families_trace_without_a_gpu(capsys, tmp_path, name, task, dtype):
+    config = reduced(name)
+    sequence = None if is_image(config) else 16
+    document = estimate(
+        capsys, written(tmp_path, config), "--task", task, "--dtype", dtype, sequence=sequence
+    )
+    prediction = document["prediction"]
+    assert prediction["status"] == tp.APPROXIMATE, prediction.get("reason")  # never "exact"
+    assert prediction["unknown"]  # and says why
+    record = document["workload"]
+    assert record["file"] == "config.json"
+    assert record["kind"] == ("training" if task == "training" else "inference")
+    assert len(prediction["phases"]) == len(record["phases_planned"])
+    # The parameters the trace built are the model transformers builds from that config.
+    settings = transformers.AutoConfig.for_model(**config)
+    auto = getattr(transformers, hf_model.head_of(transformers, settings)[0])
+    with torch.device("meta"):
+        expected = sum(p.numel() for p in auto.from_config(settings).parameters())
+    assert record["parameters"]["count"] == expected
+    size = mesure_memoire.DTYPE_BYTES[dtype]
+    assert prediction["largest_peak_allocated_bytes"] >= expected * size
+
+
+def test_the_8b_config_is_taken_whole_by_its_published_values():
+    config = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
+    settings = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(settings)
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
+
+
+def test_generate_runs_one_forward_per_new_token_through_the_cache(capsys, tmp_path):
+    path = written(tmp_path, reduced("llama-3.1-8b"))
+    calls = []
+    for tokens in ("2", "12"):
+        document = estimate(capsys, path, "--task", "generate", "--new-tokens", tokens)
+        assert document["workload"]["kind"] == "custom step"
+        assert document["workload"]["dimensions"]["new_tokens"] == int(tokens)
+        calls.append(document["prediction"]["trace"]["operator_calls"])
+    # the same decoding step 10 more times in each of the 3 steps run (cold, warm-up, warm)
+    more = calls[1] - calls[0]
+    assert more > 0
+    assert more % (10 * 3) == 0
+
+
+def test_lora_trains_the_adapters_only(capsys, tmp_path):
+    path = written(tmp_path, reduced("llama-3.1-8b"))
+    full = estimate(capsys, path, "--task", "training")["prediction"]["phases"]
+    lora = estimate(capsys, path, "--task", "lora", "--lora-rank", "4")
+    assert lora["workload"]["dimensions"]["lora_rank"] == 4
+    assert lora["prediction"]["status"] == tp.APPROXIMATE
+    # AdamW's state: two moments per trainable value, the adapters only
+    growth = lambda rows: rows[3]["allocated_bytes"] - rows[3]["baseline_allocated_bytes"]  # noqa: E731
+    assert 0 < growth(lora["prediction"]["phases"]) < growth(full) / 4
+
+
+def test_gradient_checkpointing_lowers_the_training_peak(capsys, tmp_path):
+    path = written(tmp_path, reduced("llama-3.1-8b", num_hidden_layers=4))
+    plain = estimate(capsys, path, "--task", "training", sequence=128)
+    checkpointed = estimate(
+        capsys, path, "--task", "training", "--gradient-checkpointing", sequence=128
+    )
+    assert checkpointed["workload"]["function"] == "training_checkpointed"
+    cold = lambda d: d["prediction"]["phases"][2]["peak_allocated_bytes"]  # noqa: E731
+    assert cold(checkpointed) < cold(plain)
+
+
+def test_the_trace_allocates_what_a_real_cpu_run_of_the_workload_allocates():
+    """The oracle: the same training workload run for real on the CPU, recorded by the same
+    dispatch mode without fake tensors (eager attention: the meta device has no fused one),
+    allocates the same sizes by the same operators, in order: weight initialisation
+    included, which transformers skips on the meta device unless told otherwise."""
+    config = reduced("llama-3.1-8b", attn_implementation="eager")
+
+    def protocol(device: str):
+        def drive(phase):
+            configuration = own_model.Configuration(torch.device(device), torch.float32, 2, 0)
+
+            def function(config_, *, sequence):
+                return hf_model.build(config_, config, "training", False, sequence=sequence)
+
+            own_model.drive(
+                torch, phase, function, "training", configuration, {"sequence": 16}, 1, 1,
+                [], {}, (),
+            )  # fmt: skip
+
+        return drive
+
+    def allocations(trace) -> list:
+        """Blocks made by operators. Storages of no bytes are no block (a cache starts as
+        torch.tensor([]), made outside the dispatcher on the CPU, through it on meta)."""
+        events = [event[1] for event in trace.events if event[0] == "op"]
+        return [(nbytes, op.name) for op in events for *_, nbytes in op.outputs if nbytes]
+
+    fake = tp.run_trace(torch, "meta", protocol("meta"))
+    real = tp.run_trace(torch, "cpu", protocol("cpu"), fake=False)
+    assert fake.stopped is None
+    assert len(allocations(fake)) > 200
+    assert allocations(fake) == allocations(real)
+
+
+BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
+
+
+@pytest.mark.parametrize(
+    ("content", "options", "fragment"),
+    [
+        (None, (), "no such file"),
+        ("{not json", (), "not JSON"),
+        ("[1, 2]", (), "not a JSON object"),
+        ('{"hidden_size": 64}', (), "no model_type"),
+        ('{"model_type": "no-such-model"}', (), "Unrecognized model identifier"),
+        (BERT, ("--task", "generate"), "bert is not a causal LM"),
+        ('{"model_type": "llama"}', ("--task", "lora", "--workload", "x.py:f"), "not allowed"),
+    ],
+)
+def test_a_bad_config_is_refused_in_one_line(capsys, tmp_path, content, options, fragment):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    code = own_model.main(["estimate", "--hf-config", str(path), *options])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert fragment in lines[0]
+
+
+def test_hf_options_without_a_config_are_refused(capsys, tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f(config):\n    pass\n")
+    code = own_model.main(["estimate", "--workload", f"{path}:f", "--task", "training"])
+    assert code == 2
+    assert "go with --hf-config" in capsys.readouterr().err
+
+
+def test_without_transformers_a_config_is_refused_in_one_line(capsys, tmp_path, monkeypatch):
+    real = hf_model.importlib.util.find_spec
+    monkeypatch.setattr(
+        hf_model.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "transformers" else real(name, *a),
+    )
+    path = written(tmp_path, reduced("gpt2"))
+    assert own_model.main(["estimate", "--hf-config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "needs transformers" in err
+
+
+def test_measure_runs_the_same_workload_with_its_prediction_beside(tmp_path):
+    """`measure --hf-config` on the CPU standing in for the GPU: the protocol's rows, the
+    config named and hashed, and the trace's prediction beside, never claimed exact."""
+    import hashlib
+
+    import runfixtures
+
+    path = written(tmp_path, reduced("gpt2"))
+    flags = ["--hf-config", str(path), "--task", "training", "--dim", "sequence=8"]
+    assert runfixtures.own_model_run(tmp_path, [*flags, "--warmup", "1", "--repeats", "1"]) == 0
+    document = json.loads((tmp_path / "measurement.json").read_text())
+    assert validate.validate_document(document, REGISTRY) == []
+    assert document["status"] == "completed"
+    record = document["workload"]
+    assert (record["file"], record["function"]) == ("config.json", "training")
+    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert record["phases_run"] == record["phases_planned"]
+    assert document["prediction"]["status"] == tp.APPROXIMATE

@@ -1,0 +1,196 @@
+"""The GPU-free trace on torch.nn's own modules, in inference and training, float32 and
+bfloat16: it follows their code to the end (no crash), its allocations are those of a real
+run on the CPU recorded the same way, and the prediction never says "exact" without a
+calibration."""
+
+from __future__ import annotations
+
+import pytest
+import trace_prediction as tp
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+WIDTH, HEADS, BATCH, TOKENS = 32, 4, 2, 8
+
+
+def encoder(device, dtype):
+    layer = nn.TransformerEncoderLayer(WIDTH, HEADS, 64, batch_first=True, device=device)
+    return nn.TransformerEncoder(layer, 2).to(dtype), (BATCH, TOKENS, WIDTH)
+
+
+def decoder(device, dtype):
+    layer = nn.TransformerDecoderLayer(WIDTH, HEADS, 64, batch_first=True, device=device)
+    model = nn.TransformerDecoder(layer, 2).to(dtype)
+
+    class SelfDecoder(nn.Module):  # the memory is the input itself: one argument
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder = model
+
+        def forward(self, x):
+            return self.decoder(x, x)
+
+    return SelfDecoder(), (BATCH, TOKENS, WIDTH)
+
+
+def attention(device, dtype):
+    class SelfAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = nn.MultiheadAttention(WIDTH, HEADS, batch_first=True, device=device)
+
+        def forward(self, x):
+            return self.mha(x, x, x)[0]
+
+    return SelfAttention().to(dtype), (BATCH, TOKENS, WIDTH)
+
+
+def recurrent(kind):
+    def build(device, dtype):
+        class Last(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.rnn = kind(WIDTH, WIDTH, num_layers=2, batch_first=True, device=device)
+
+            def forward(self, x):
+                return self.rnn(x)[0]
+
+        return Last().to(dtype), (BATCH, TOKENS, WIDTH)
+
+    return build
+
+
+def convolutions(device, dtype):
+    layers = [
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.GroupNorm(2, 8),
+        nn.Conv2d(8, 8, 3, stride=2),
+        nn.InstanceNorm2d(8, affine=True),
+        nn.Flatten(1),
+    ]
+    return nn.Sequential(*layers).to(device=device, dtype=dtype), (BATCH, 3, 16, 16)
+
+
+def norms(device, dtype):
+    with torch.device(device):
+        layers = [nn.Linear(WIDTH, WIDTH), nn.LayerNorm(WIDTH), nn.RMSNorm(WIDTH), nn.GELU()]
+    return nn.Sequential(*layers).to(device=device, dtype=dtype), (BATCH, TOKENS, WIDTH)
+
+
+def from_data(device, dtype):
+    """A module that makes a tensor from Python data on its device, as caches do."""
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(WIDTH, WIDTH, device=device, dtype=dtype)
+
+        def forward(self, x):
+            empty = torch.tensor([], dtype=x.dtype, device=x.device)
+            scale = torch.as_tensor([0.5], dtype=x.dtype, device=x.device)
+            return torch.cat([empty, (self.linear(x) * scale).flatten()])
+
+    return Scaled(), (BATCH, TOKENS, WIDTH)
+
+
+MODULES = {
+    "TransformerEncoder": encoder,
+    "TransformerDecoder": decoder,
+    "MultiheadAttention": attention,
+    "LSTM": recurrent(nn.LSTM),
+    "GRU": recurrent(nn.GRU),
+    "convolutions and norms": convolutions,
+    "LayerNorm RMSNorm": norms,
+    "tensors from data": from_data,
+}
+
+
+def protocol(build, device, dtype, training: bool):
+    """The own-model protocol's phases, as own_model.step_plan runs them."""
+
+    def drive(phase):
+        _, model = phase("model_load", lambda: build(device, dtype))
+        model, shape = model
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True) if training else None
+        _, x = phase("inputs", lambda: torch.randn(shape, device=device, dtype=dtype))
+
+        def step(first: bool):
+            def run():
+                if not training:
+                    model.eval()
+                    with torch.inference_mode():
+                        return model(x)
+                if not first:
+                    optimizer.zero_grad()
+                loss = model(x).float().square().mean()
+                loss.backward()
+                if not first:
+                    optimizer.step()
+                return loss
+
+            return run
+
+        phase("cold_step", step(True))
+        if training:
+            phase("optimizer_state", optimizer.step)
+        phase("warm_step", step(False))
+
+    return drive
+
+
+def allocations(trace) -> list:
+    return [(n, event[1].name) for event in trace.events if event[0] == "op" for *_, n in
+            event[1].outputs]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", MODULES)
+def test_torch_nn_modules_trace_without_a_gpu(name, training, dtype):
+    trace = tp.run_trace(torch, "meta", protocol(MODULES[name], "meta", dtype, training))
+    assert trace.stopped is None
+    prediction = tp.predict(trace)
+    assert prediction.status == tp.APPROXIMATE  # no calibration: never "exact"
+    assert len(prediction.rows) == (5 if training else 4)
+    assert prediction.rows[-1]["peak_allocated_bytes"] > 0
+
+
+@pytest.mark.parametrize("name", ["TransformerEncoder", "LayerNorm RMSNorm"])
+def test_the_trace_allocates_what_a_real_cpu_run_allocates(name):
+    """The oracle: the same protocol run for real on the CPU, recorded by the same dispatch
+    mode without fake tensors, allocates the same sizes by the same operators in order."""
+    build = MODULES[name]
+    fake = tp.run_trace(torch, "meta", protocol(build, "meta", torch.float32, True))
+    real = tp.run_trace(torch, "cpu", protocol(build, "cpu", torch.float32, True), fake=False)
+    assert allocations(fake) == allocations(real)
+    assert len(allocations(fake)) > 20
+
+
+def test_a_deep_copy_of_a_fake_module_stays_in_the_traces_mode():
+    """nn.TransformerEncoder deep-copies its layer: the copies' parameters are the trace's
+    and allocate, while the layer given is alive (a real run holds all three at once)."""
+    trace = tp.run_trace(torch, "meta", protocol(encoder, "meta", torch.float32, False))
+    row = tp.predict(trace).rows[0]
+    layer = nn.TransformerEncoderLayer(WIDTH, HEADS, 64)
+    one_layer = sum(p.numel() * 4 for p in layer.parameters())
+    assert row["allocated_bytes"] >= 2 * one_layer  # the two copies
+    assert row["peak_allocated_bytes"] >= 3 * one_layer  # and the layer given
+
+
+def test_the_fused_fast_path_of_inference_is_named():
+    """In inference a real run of nn.TransformerEncoderLayer takes fused kernels that the
+    trace cannot: the prediction names it; in training there is no fast path to name."""
+    inference = tp.run_trace(torch, "meta", protocol(encoder, "meta", torch.float32, False))
+    assert "TransformerEncoderLayer fast path" in inference.notes
+    training = tp.run_trace(torch, "meta", protocol(encoder, "meta", torch.float32, True))
+    assert not any("fast path" in note for note in training.notes)
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN], ids=lambda k: k.__name__)
+def test_recurrent_layers_traced_without_a_gpu_say_a_gpu_runs_cudnn(kind):
+    """On the meta device the recurrence is traced step by step; a GPU runs cuDNN's fused
+    kernels (other blocks): named, so the prediction is approximate whatever is calibrated."""
+    trace = tp.run_trace(torch, "meta", protocol(recurrent(kind), "meta", torch.float32, True))
+    assert "recurrent layers" in trace.notes
