@@ -5,6 +5,8 @@
         --batch 8 --prompt 2048 --new-tokens 128 --dtype bfloat16
     python pipeline/chain.py --device cuda:0 --workload pipeline/workloads/resnet_cnn.py:resnet \
         --dtype bfloat16 --batch 32 [--dim NAME=VALUE ...]
+    python pipeline/chain.py --device cuda:0 --hf-config config.json --task training \
+        --dtype bfloat16 --batch 8 --dim sequence=512
 
 --workload network (the default) measures the seed's synthetic network with the kit script
 `mesure_memoire.py measure`; --workload decoder a decoder-only language model with
@@ -13,7 +15,9 @@
 record.py). What it guarantees:
 - bad flags (those of the workload's `measure`) fail before a run folder exists; for your
   own model also a workload file that is missing, is not Python, lacks the function, or does
-  not declare a --dim given (read, never imported: this process never imports torch);
+  not declare a --dim given (read, never imported: this process never imports torch); for a
+  Hugging Face config (--hf-config, own_model.py), the config as transformers reads it, the
+  task and the dimensions (transformers is imported for that: a few seconds);
 - a run whose workload code raised (own_model.py exit 1, status "failed") keeps its folder
   and file and is never recorded;
 - each run gets a new folder, never reused; a run is recorded only once both of its files
@@ -59,14 +63,18 @@ def script_of(workload: str) -> str:
     return WORKLOADS.get(workload, OWN_MODEL)
 
 
+HF_CONFIG = "--hf-config"  # a Hugging Face model's config.json, among the flags: own_model.py
+
+
 def workload_flags(workload: str) -> list[str]:
-    """What own_model.py is told of the workload; the built-in ones are the script itself."""
-    return [] if workload in WORKLOADS else ["--workload", workload]
+    """What own_model.py is told of the workload; the built-in ones are the script itself, and
+    a Hugging Face config is named by its own flag, passed on with the others."""
+    return [] if workload in (*WORKLOADS, HF_CONFIG) else ["--workload", workload]
 
 
 def check_own_model_flags(argv: list[str]) -> None:
     args = own_model.build_parser().parse_args(argv)
-    file = own_model.read_workload_file(*args.workload)
+    file = own_model.setting_from(args).file  # a workload file, or a Hugging Face config's
     declared = own_model.declared_dimensions(file)
     if declared is not None:
         own_model.resolve_dimensions(file.function, declared, args.dim)
@@ -195,6 +203,10 @@ def run_chain(argv: list[str] | None) -> int:
         "FILE.py:FUNCTION: your own model (own_model.py)",
     )
     args, flags = parser.parse_known_args(argv)
+    if any(flag == HF_CONFIG or flag.startswith(f"{HF_CONFIG}=") for flag in flags):
+        if args.workload != "network":
+            raise cli.UsageError(f"{HF_CONFIG} names the model: drop --workload {args.workload}")
+        args.workload = HF_CONFIG  # own_model.py measures it, told by the flag itself
     if args.device != "all":
         cli.device(args.device)
     check_measure_flags(flags, args.workload)

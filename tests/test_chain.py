@@ -4,6 +4,7 @@ Run folders go to pytest tmp dirs through --runs-dir or ITERAGPU_RUNS_DIR, never
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -647,3 +648,67 @@ def test_nox_measure_hands_an_own_model_to_own_model_py(tmp_path):
     assert sorted(p.name for p in kept.iterdir()) == ["environment.json"]
     environment = json.loads((kept / "environment.json").read_bytes())
     assert environment["environment"]["gpu"]["available"] is False
+
+
+HF_GPT2 = "tests/data/hf-configs/gpt2.json"
+
+
+@needs_cpu_torch
+def test_a_hugging_face_config_goes_through_the_chain_to_an_own_model_row(tmp_path, monkeypatch):
+    """`nox -s measure -- --hf-config config.json --task ...`: own_model.py measures it, and
+    its row names the config by file name and SHA-256."""
+    pytest.importorskip("transformers")
+    scripts = measure_own_model_on_the_cpu(monkeypatch)
+    config = json.loads((ROOT / HF_GPT2).read_bytes())
+    small = tmp_path / "gpt2-small.json"  # two narrow layers: the CPU stands in for the GPU
+    small.write_text(
+        json.dumps(
+            dict(
+                config,
+                n_layer=2,
+                n_embd=64,
+                n_head=4,
+                vocab_size=512,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+        )
+    )
+    argv = ["--device", "cuda:0", "--hf-config", str(small), "--task", "training"]
+    argv += ["--batch", "2", "--dim", "sequence=16", "--runs-dir", str(tmp_path)]
+    assert chain.main(argv) == 0
+    assert scripts == ["own_model.py"]
+    [folder] = folders(tmp_path)
+    measurement = json.loads((folder / "measurement.json").read_bytes())
+    assert measurement["workload"]["file"] == "gpt2-small.json"
+    parsed, problems = validate.parse_log(
+        (tmp_path / "resultats-own.csv").read_bytes(), validate.own_model_header()
+    )
+    assert problems == []
+    [(_, row)] = parsed
+    assert (row["workload_file"], row["workload_sha256"]) == (
+        "gpt2-small.json",
+        hashlib.sha256(small.read_bytes()).hexdigest(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--hf-config", "missing.json"], "missing.json"),
+        (["--hf-config", "README.md"], "README.md"),
+        (["--hf-config", HF_GPT2, "--workload", "decoder"], "--hf-config names the model: drop"),
+        (["--hf-config", HF_GPT2, "--task", "fly"], "argument --task: invalid choice: 'fly'"),
+        (["--hf-config", HF_GPT2, "--dim", "depth=3"], "--dim depth"),
+    ],
+    ids=["missing", "not-json", "two-workloads", "task", "dim"],
+)
+def test_bad_hugging_face_flags_stop_before_a_run_folder_exists(tmp_path, flags, message):
+    pytest.importorskip("transformers")
+    argv = ["--device", "cuda:0", *flags, "--runs-dir", str(tmp_path)]
+    result = run_script("chain.py", *argv, cwd=ROOT)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("chain.py: error: ")
+    assert message in result.stderr
+    assert list(tmp_path.iterdir()) == []
