@@ -33,6 +33,21 @@ def run_script(script: str, *args: str, python: str = sys.executable, flags=(), 
     )
 
 
+def run_unread(script: str, *args: str) -> tuple[bytes, int]:
+    """pipeline/<script> whose reader leaves before it writes (`| head -1`): its stderr and
+    exit code."""
+    process = subprocess.Popen(
+        [sys.executable, str(PIPELINE / script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()
+    try:
+        return process.stderr.read(), process.wait(timeout=120)
+    finally:
+        process.stderr.close()
+
+
 def cuda_available() -> bool:
     try:
         import torch

@@ -11,7 +11,6 @@ import functools
 import hashlib
 import json
 import math
-import subprocess
 import sys
 import types
 import weakref
@@ -21,7 +20,7 @@ import decoder
 import pytest
 import torch
 import validate
-from conftest import PIPELINE, ROOT, run_script
+from conftest import ROOT, run_script, run_unread
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1037,12 +1036,4 @@ def test_estimate_refuses_a_gpu_without_calibration_in_one_line(argv, message):
 
 def test_a_reader_that_stops_early_gets_no_traceback_nor_error():
     """`decoder.py estimate | head -1`: the stage ends quietly (exit 1), as fit does."""
-    process = subprocess.Popen(
-        [sys.executable, str(PIPELINE / "decoder.py"), "estimate", "--preset", "llama-3.1-8b"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    process.stdout.close()  # like `| head -1` leaving before the stage writes
-    assert process.stderr.read() == b""
-    assert process.wait(timeout=120) == 1
-    process.stderr.close()
+    assert run_unread("decoder.py", "estimate", "--preset", "llama-3.1-8b") == (b"", 1)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import fit
 import pytest
-from conftest import ROOT, RUNS, outside_python, run_script
+from conftest import ROOT, RUNS, outside_python, run_script, run_unread
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -326,15 +326,7 @@ def test_nox_fit_runs_the_stage_and_ends_with_its_exit_code(tmp_path):
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
     folder = copy_run(tmp_path / "runs", LARGE_RUN)
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "pipeline" / "fit.py"), str(folder), "--days", "7"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    process.stdout.close()  # like `| head -1` leaving before the stage writes
-    assert process.stderr.read() == b""
-    assert process.wait(timeout=120) == 1
-    process.stderr.close()
+    assert run_unread("fit.py", str(folder), "--days", "7") == (b"", 1)
 
 
 # ---------------------------------------------------------------- the decoder workload
