@@ -236,7 +236,7 @@ def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
         what=own_model_text(document) if own else configuration_text(document["configuration"]),
         gpu_name=document["environment"]["gpu"].get("name"),
         notes=(own_model_prediction_note(document),) if own else (),
-        record=(evidence_key(path), gpu_record(document, name)),
+        record=(evidence_key(path), gpu_record(document["environment"], name)),
     )
 
 
@@ -259,7 +259,7 @@ def sweep_need(folder: Path) -> Need:
                 f"{point['peak_reserved_bytes']:,} bytes is not its run's, {peak:,} ({point_file})"
             )
         gpu_name = document["environment"]["gpu"].get("name")
-        record = (evidence_key(point_file), gpu_record(document, point["run"]))
+        record = (evidence_key(point_file), gpu_record(document["environment"], point["run"]))
     notes = [f"the sweep stopped because {sweep['stopped_because']}"]
     return Need(
         peak_reserved_bytes=point["peak_reserved_bytes"],
@@ -294,9 +294,9 @@ def predicted_need(document: dict, name: str) -> Need:
     )
 
 
-def gpu_record(document: dict, run: str) -> Record | None:
-    """What PyTorch reported of the GPU a file names, or None where it saw no GPU."""
-    gpu = document["environment"]["gpu"]
+def gpu_record(environment: dict, run: str) -> Record | None:
+    """What PyTorch reported of the GPU an environment names, or None where it saw no GPU."""
+    gpu = environment["gpu"]
     if not gpu.get("available"):
         return None
     return Record(gpu["name"], gpu["total_memory_bytes"], gpu["free_memory_bytes_at_start"], run)
@@ -335,7 +335,7 @@ def gpu_records(runs_dir: Path) -> Evidence:
             except cli.UsageError as exc:
                 found.untrusted.append(str(exc))
                 break
-            record = gpu_record({"environment": environment}, folder.name)
+            record = gpu_record(environment, folder.name)
             if record is not None:
                 found.records[evidence_key(path)] = record
             break

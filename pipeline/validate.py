@@ -575,6 +575,21 @@ def outside(path: Path, folder: Path) -> bool:
     return not path.resolve().is_relative_to(folder.resolve())
 
 
+def read_json_file(path: Path, inside: Path | None = None) -> tuple[bytes, object]:
+    """A file's bytes and its JSON, or one line saying why not; with `inside`, a file that a
+    symbolic link places outside that folder is refused unread."""
+    if inside is not None and outside(path, inside):
+        raise cli.UsageError(f"{path}: a symbolic link out of {inside}: not read")
+    if not path.is_file():
+        why = "not a file" if path.exists() else "no such file or directory"
+        raise cli.UsageError(f"{path}: {why}")
+    data = path.read_bytes()
+    try:
+        return data, load_json(data)
+    except ValueError as exc:
+        raise cli.UsageError(f"{path}: not valid JSON ({exc})") from None
+
+
 def checked(
     path: Path,
     kinds: tuple[str, ...],
@@ -586,21 +601,8 @@ def checked(
     file that names none) must be one of `kinds`, and the schema and the facts validate.py
     applies must hold; otherwise one line, as a UsageError (exit 2, nothing written). With
     `inside`, a file that a symbolic link places outside that folder is refused unread."""
-    if inside is not None and outside(path, inside):
-        raise cli.UsageError(f"{path}: a symbolic link out of {inside}: not read")
-    if not path.is_file():
-        raise cli.UsageError(
-            f"{path}: no such file or directory" if not path.exists() else f"{path}: not a file"
-        )
-    data = path.read_bytes()
-    try:
-        document = load_json(data)
-    except ValueError as exc:
-        raise cli.UsageError(f"{path}: not valid JSON ({exc}): not {what}") from None
-    if isinstance(document, dict) and schema is not None and "schema" not in document:
-        named = schema
-    else:
-        named = document.get("schema") if isinstance(document, dict) else None
+    data, document = read_json_file(path, inside)
+    named = document.get("schema", schema) if isinstance(document, dict) else None
     if named not in kinds:
         raise cli.UsageError(f"{path}: not {what} (schema {named!r})")
     errors = validate_document(document, registry(), schema)
@@ -616,12 +618,7 @@ def checked_environment(path: Path, inside: Path) -> dict:
     the environment schema and its facts, as `checked` would check it, without the rest of a
     measurement: fit.py reads only this part of every folder of the runs directory, and
     validating whole measurements there would cost 25 ms each."""
-    if outside(path, inside):
-        raise cli.UsageError(f"{path}: a symbolic link out of {inside}: not read")
-    try:
-        document = load_json(path.read_bytes())
-    except ValueError as exc:
-        raise cli.UsageError(f"{path}: not valid JSON ({exc})") from None
+    _, document = read_json_file(path, inside)
     named = document.get("schema") if isinstance(document, dict) else None
     if named not in (ENVIRONMENT, *MEASUREMENTS, DECODER, OWN_MODEL):
         raise cli.UsageError(f"{path}: not an environment or a measurement (schema {named!r})")
