@@ -585,6 +585,19 @@ def prediction_record(trace, prediction, calibration_source: str | None) -> dict
     }
     if prediction.address_orders is not None:
         record["address_orders"] = prediction.address_orders
+    if prediction.bounds is not None:
+        record["bounds"] = {
+            "method": trace_prediction.BOUNDS_METHOD,
+            "phases": [
+                {
+                    **{key: row[key] for key in ("phase", "repetition") if key in row},
+                    **{key: {"lower": low, "upper": high} for key, (low, high) in found.items()},
+                }
+                for row, found in zip(rows, prediction.bounds, strict=True)
+            ],
+        }
+    if prediction.unbounded is not None:
+        record["unbounded"] = prediction.unbounded
     if prediction.reason is not None:
         record["reason"] = prediction.reason
     return record
@@ -600,7 +613,7 @@ def compare(document: dict) -> None:
         )
     summary = document["summary"]["prediction"]
     if document["prediction"]["status"] == trace_prediction.NOT_PREDICTED or not phases:
-        summary.update(by_counter=None, held=None)
+        summary.update(by_counter=None, held=None, bounds_held=None)
         summary["largest_abs_difference_allocated_bytes"] = None
         summary["largest_abs_difference_reserved_bytes"] = None
         return
@@ -617,6 +630,19 @@ def compare(document: dict) -> None:
     )
     exact = document["prediction"]["status"] == trace_prediction.EXACT
     summary["held"] = not any(by_counter.values()) if exact else None
+    summary["bounds_held"] = bounds_held(document)
+
+
+def bounds_held(document: dict) -> bool | None:
+    """Every measured row's peaks inside its predicted bounds; None without bounds."""
+    bounds = document["prediction"].get("bounds")
+    if bounds is None:
+        return None
+    return all(
+        found[key]["lower"] <= row[key] <= found[key]["upper"]
+        for row, found in zip(document["phases"], bounds["phases"], strict=False)
+        for key in trace_prediction.PEAK_KEYS
+    )
 
 
 def summarise(document: dict) -> dict:
@@ -918,7 +944,7 @@ def document_facts(document: dict) -> list[str]:
     copy["summary"] = {"prediction": {}}
     compare(copy)
     for key, value in copy["summary"]["prediction"].items():
-        if summary["prediction"][key] != value:
+        if summary["prediction"].get(key) != value:  # bounds_held: absent in older files
             errors.append(
                 f"$.summary.prediction.{key}: {summary['prediction'][key]}, the rows give {value}"
             )
@@ -946,6 +972,24 @@ def prediction_peak_facts(prediction: dict) -> list[str]:
         largest = max((r[f"peak_{kind}_bytes"] for r in prediction["phases"]), default=None)
         if prediction[f"largest_peak_{kind}_bytes"] != largest:
             errors.append(f"$.prediction.largest_peak_{kind}_bytes: not the phases' largest")
+    return errors + bounds_facts(prediction)
+
+
+def bounds_facts(prediction: dict) -> list[str]:
+    """Bounds, one per predicted row, of that row, around its predicted peaks."""
+    if "bounds" not in prediction:
+        return []
+    found, rows = prediction["bounds"]["phases"], prediction["phases"]
+    if len(found) != len(rows):
+        return [f"$.prediction.bounds.phases: {len(found)} rows, the prediction has {len(rows)}"]
+    errors = []
+    for i, (bound, row) in enumerate(zip(found, rows, strict=True)):
+        where = f"$.prediction.bounds.phases[{i}]"
+        if (bound["phase"], bound.get("repetition")) != (row["phase"], row.get("repetition")):
+            errors.append(f"{where}: not the row of $.prediction.phases[{i}]")
+        for key in trace_prediction.PEAK_KEYS:
+            if not bound[key]["lower"] <= row[key] <= bound[key]["upper"]:
+                errors.append(f"{where}.{key}: the prediction {row[key]} is outside its bounds")
     return errors
 
 
@@ -1023,6 +1067,22 @@ def print_estimate(document: dict) -> None:
     )
     if "reason" in prediction:
         print(f"  {prediction['reason']}")
+    if "bounds" in prediction:
+        largest = {
+            key: max(row[key]["upper"] for row in prediction["bounds"]["phases"])
+            for key in trace_prediction.PEAK_KEYS
+        }
+        least = {
+            key: max(row[key]["lower"] for row in prediction["bounds"]["phases"])
+            for key in trace_prediction.PEAK_KEYS
+        }
+        print(
+            f"  bounds of the largest peaks: allocated {least['peak_allocated_bytes']:,} to "
+            f"{largest['peak_allocated_bytes']:,} B, reserved {least['peak_reserved_bytes']:,} "
+            f"to {largest['peak_reserved_bytes']:,} B"
+        )
+    elif "unbounded" in prediction:
+        print(f"  {prediction['unbounded']}")
     for entry in prediction["unknown"]:
         calls = f" ({entry['calls']} calls)" if entry["calls"] else ""
         print(f"  unknown: {entry['op']}{calls}: {entry['why']}")

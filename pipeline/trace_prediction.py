@@ -663,7 +663,7 @@ def make_recorder(torch):
             sid, nbytes = self.track(tensor)
             self.events.append(("unseen", sid, nbytes))
             self.tracer.trace.notes.setdefault(
-                "device storage made outside the dispatcher",
+                UNSEEN,
                 f"first seen as an input of {name}: when it was allocated is unknown",
             )
 
@@ -1031,6 +1031,8 @@ class Prediction:
     reason: str | None = None
     mismatches: dict = dataclasses.field(default_factory=dict)
     address_orders: dict | None = None  # {"orders": n, "largest_difference_bytes": {...}}
+    bounds: list | None = None  # per row: {counter: (lower, upper)} for the peak counters
+    unbounded: str | None = None  # why an approximate prediction has no bounds
 
 
 def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
@@ -1042,7 +1044,7 @@ def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
     spread = address_order_spread(trace, calibration, rows)
     if any(spread.values()):
         unknown.append({"op": ADDRESS_ORDER, "calls": 0, "why": address_order_why(spread)})
-    return Prediction(
+    prediction = Prediction(
         EXACT if not unknown else APPROXIMATE,
         rows,
         unknown,
@@ -1050,6 +1052,9 @@ def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
         mismatches=mismatches,
         address_orders={"orders": len(OTHER_ADDRESS_ORDERS), "largest_difference_bytes": spread},
     )
+    if unknown:
+        prediction.bounds, prediction.unbounded = bounds(trace, calibration, rows, spread, unknown)
+    return prediction
 
 
 # Other orders of the segments' addresses to replay under (RankedSegments): a later
@@ -1111,15 +1116,22 @@ class RankedSegments(mesure_memoire.AllocatorModel):
         return block
 
 
-def replay(trace: Trace, calibration: Calibration | None, segment_rank=None):
+def replay(trace: Trace, calibration: Calibration | None, segment_rank=None, scenario=None):
     """Returns (rows, log, mismatches, whether autograd's thread used kept blocks); with
-    `segment_rank`, under that order of the segments' addresses (RankedSegments)."""
+    `segment_rank`, under that order of the segments' addresses (RankedSegments); with
+    `scenario` (Scenario), the least or the most the unknowns can take (`bounds`)."""
     allocator = (
         mesure_memoire.AllocatorModel() if segment_rank is None else RankedSegments(segment_rank)
     )
     blocks: dict = {}  # storage id -> block
     kept: set = set()  # the persistent blocks already allocated, by thread and size
     per_thread = calibration is None or calibration.workspaces_per_thread is not False
+    events = trace.events
+    if scenario is not None:
+        if calibration is None or calibration.workspaces_per_thread is None:
+            per_thread = scenario.upper
+        if scenario.upper:
+            events = unseen_first(events)
     rows: list[dict] = []
     log: list[tuple] = []
     mismatches: dict = {}
@@ -1145,7 +1157,7 @@ def replay(trace: Trace, calibration: Calibration | None, segment_rank=None):
         else:
             free(entry[0], entry[1], what)
 
-    for event in trace.events:
+    for event in events:
         kind = event[0]
         if kind == "start":
             _, name, repetition, passes = event
@@ -1182,6 +1194,9 @@ def replay(trace: Trace, calibration: Calibration | None, segment_rank=None):
                 sharing[id(blocks[sid])] = sharing.get(id(blocks[sid]), 1) + 1
                 continue
             template = calibration.templates.get(op.signature) if calibration else None
+            uncertain = scenario is not None and op.signature in scenario.uncertain
+            if uncertain and template is not None and not scenario.upper:
+                template = [step for step in template if step[0] == "output"]
             pending = {index: (sid, nbytes) for index, sid, nbytes in op.outputs}
             scratch: dict = {}
             seen_sizes: dict = {}
@@ -1209,7 +1224,117 @@ def replay(trace: Trace, calibration: Calibration | None, segment_rank=None):
                 if template is not None:
                     mismatches.setdefault(op.name, f"output {index} not allocated by the probe")
                 blocks[sid] = (malloc(nbytes, op.name), nbytes)
+            if uncertain and scenario.upper:  # the most its kernel may add, with its outputs
+                key = (op.role if per_thread else CALLER, "workspace bound")
+                if key not in kept:
+                    kept.add(key)
+                    malloc(WORKSPACE_BOUND, f"{op.name} library workspace, at most")
+                nbytes = scenario.uncertain[op.signature]
+                if nbytes:
+                    free(malloc(nbytes, f"{op.name} scratch, at most"), nbytes, op.name)
     return rows, log, mismatches, autograd_kept
+
+
+# ---------------------------------------------------------------- bounds
+
+# What an approximate prediction's bounds assume of the blocks nobody measured, from every
+# operator probed on a GPU so far (tests/test_prediction_bounds.py checks it against the
+# committed probes): an operator's scratch, alive together with its outputs, is at most
+# SCRATCH_FACTOR times the bytes of its device inputs and outputs (the largest seen: a
+# reduction's float buffers, 4 times a bfloat16 input), and the libraries it calls keep at
+# most WORKSPACE_BOUND per thread (cuBLAS and cuBLASLt keep 33 MiB on an H200).
+SCRATCH_FACTOR = 8
+WORKSPACE_BOUND = 64 * 2**20
+PEAK_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes")
+UNSEEN = "device storage made outside the dispatcher"
+AUTOGRAD_THREAD = "autograd thread"
+BOUNDS_METHOD = (
+    "the trace replayed twice more: the least (operators not covered allocate their outputs "
+    "only, a storage made outside the dispatcher appears where first used, workspaces "
+    "shared by the threads) and the most (each such operator adds a library workspace of "
+    f"{WORKSPACE_BOUND // 2**20} MiB per thread once, and scratch of {SCRATCH_FACTOR} times "
+    "the bytes of its device inputs and outputs alive with its outputs; such storages "
+    "allocated before the first phase; workspaces per thread); each widened by the largest "
+    "difference the other orders of segment addresses made"
+)
+
+
+@dataclasses.dataclass
+class Scenario:
+    upper: bool
+    uncertain: dict  # signature -> the most scratch its call may add, in bytes
+
+
+def unseen_first(events: list) -> list:
+    """The events with every storage made outside the dispatcher allocated before all else:
+    the earliest it can have been made."""
+    early = [event for event in events if event[0] == "unseen"]
+    return early + [event for event in events if event[0] != "unseen"]
+
+
+def device_bytes(signature: Signature) -> int:
+    """The storage bytes of a call's tensor arguments on the traced device."""
+    return sum(
+        leaf[5]
+        for leaf in signature.leaves
+        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor" and leaf[6] == "device"
+    )
+
+
+def uncertain_calls(trace: Trace, calibration) -> dict:
+    """Signature -> the most scratch its call may add, for each call the prediction does
+    not cover: not calibrated, or sized by values the trace does not have."""
+    outputs: dict = {}
+    for event in trace.events:
+        if event[0] == "op":
+            outputs[event[1].signature] = sum(nbytes for _, _, nbytes in event[1].outputs)
+    found = {}
+    for key, signature in trace.signatures.items():
+        if signature.view:
+            continue
+        dependent = VALUE_DEPENDENT.get(packet(signature.name))
+        covered = (calibration is not None and calibration.known(key)) or (
+            packet(signature.name) in OUTPUT_ONLY
+        )
+        if (dependent is not None and dependent[0](signature.leaves)) or not covered:
+            found[key] = SCRATCH_FACTOR * (device_bytes(signature) + outputs.get(key, 0))
+    return found
+
+
+def boundable(entry: dict) -> bool:
+    """Unknowns whose least and most a replay can take: blocks of a known kind and unknown
+    size or time. Not: another kernel than the trace's, another way through the code."""
+    op, why = entry["op"], entry["why"]
+    return (
+        why.startswith(UNCALIBRATED)
+        or op in (ADDRESS_ORDER, UNSEEN, AUTOGRAD_THREAD)
+        or (op in VALUE_DEPENDENT and why == VALUE_DEPENDENT[op][1])
+    )
+
+
+def bounds(trace: Trace, calibration, rows: list, spread: dict, unknown: list):
+    """(per row {peak counter: (lower, upper)}, None), or (None, why there are none)."""
+    unbounded = [entry["op"] for entry in unknown if not boundable(entry)]
+    if unbounded:
+        return None, (
+            "no bounds: the GPU may take another kernel or another way through the code than "
+            f"the trace at {', '.join(unbounded)}"
+        )
+    uncertain = uncertain_calls(trace, calibration)
+    least = replay(trace, calibration, scenario=Scenario(False, uncertain))[0]
+    most = replay(trace, calibration, scenario=Scenario(True, uncertain))[0]
+    found = []
+    for row, low, high in zip(rows, least, most, strict=True):
+        found.append(
+            {
+                key: (
+                    max(0, min(row[key], low[key], high[key]) - spread[key]),
+                    max(row[key], low[key], high[key]) + spread[key],
+                )
+                for key in PEAK_KEYS
+            }
+        )
+    return found, None
 
 
 def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> list[dict]:
@@ -1241,7 +1366,7 @@ def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> 
         add(packet(op), 0, f"the trace and the GPU disagree on its outputs ({why})")
     if autograd_kept and calibration is not None and calibration.workspaces_per_thread is None:
         add(
-            "autograd thread",
+            AUTOGRAD_THREAD,
             0,
             "whether backward's thread keeps library workspaces of its own is not calibrated",
         )
