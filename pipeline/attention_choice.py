@@ -102,7 +102,9 @@ class SdpaCall:
     @classmethod
     def from_dict(cls, row: dict) -> SdpaCall:
         names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k in names})
+        return cls(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k in names}
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,18 +240,19 @@ def can_use_cudnn(c: SdpaCall, gpu: TargetGpu, cudnn: int, on: Switches):
         return "cuDNN attention disabled"
     if c.nested:
         return "nested inputs (experimental in cuDNN, off)"
-    for why in (
-        check_tensor_shapes(c),
-        "not deterministic" if on.deterministic and not on.warn_only else None,
-        check_tensor_dtype(c, HALF if gpu.capability[0] >= 8 else ("float16",)),
-        check_attn_mask_shape(c),
-        None if in_range(gpu.capability, (8, 0), (12, 1)) else "outside sm80..sm121",
-        check_nonzero_sequence_lengths_dense(c),
-        check_last_dim_stride_equals_1_dense(c, ignore_singleton_dim=True),
-        check_batch_size_and_num_heads_dense(c, True, requires_same_num_heads=False),
-        check_cudnn_tensor_shapes(c, gpu, cudnn),
-    ):
-        if why:
+    checks = (  # in sdp_utils.cpp's order: each runs only if those before it passed
+        lambda: check_tensor_shapes(c),
+        lambda: "not deterministic" if on.deterministic and not on.warn_only else None,
+        lambda: check_tensor_dtype(c, HALF if gpu.capability[0] >= 8 else ("float16",)),
+        lambda: check_attn_mask_shape(c),
+        lambda: None if in_range(gpu.capability, (8, 0), (12, 1)) else "outside sm80..sm121",
+        lambda: check_nonzero_sequence_lengths_dense(c),
+        lambda: check_last_dim_stride_equals_1_dense(c, ignore_singleton_dim=True),
+        lambda: check_batch_size_and_num_heads_dense(c, True, requires_same_num_heads=False),
+        lambda: check_cudnn_tensor_shapes(c, gpu, cudnn),
+    )
+    for check in checks:
+        if why := check():
             return why
 
 
@@ -268,9 +271,9 @@ def can_use_flash(c: SdpaCall, gpu: TargetGpu, on: Switches):
         return "outside sm80..sm121"
     sm86_89 = in_range(gpu.capability, (8, 6), (8, 9))
     sm120 = in_range(gpu.capability, (12, 0), (12, 1))
-    if input_requires_grad(c) and (sm86_89 or sm120):
-        if 192 < d_q <= 224 or (d_q > 224 and c.dropout_p > 0.0):
-            return "training with head_dim in (192, 224], or above 224 with dropout, here"
+    hard = 192 < d_q <= 224 or (d_q > 224 and c.dropout_p > 0.0)
+    if input_requires_grad(c) and (sm86_89 or sm120) and hard:
+        return "training with head_dim in (192, 224], or above 224 with dropout, here"
     if c.is_causal and not c.nested and c.q_shape[-2] != c.k_shape[-2]:
         return "is_causal with seqlen_q != seqlen_k"
     fa3 = gpu.capability[0] >= 9 and on.fa3
@@ -408,17 +411,18 @@ def choice_cases() -> list:
     cases = []
     seqs = [(1, 1), (1, 128), (7, 7), (7, 128), (128, 128), (128, 4096), (4096, 4096)]
     grads = [("none", False), ("requires_grad", True), ("requires_grad_no_grad", False)]
-    for dtype, head_dim, mask, gqa, (q_len, k_len), batch, (grad, needs), dropout in (
-        itertools.product(
-            ("bfloat16", "float16", "float32"),
-            (32, 64, 80, 96, 128, 160, 192, 256, 512),
-            ("none", "causal", "bool", "float"),
-            (False, True),
-            seqs,
-            (1, 8),
-            grads,
-            (0.0, 0.1),
-        )
+    for dtype, head_dim, mask, gqa, (q_len, k_len), batch, (
+        grad,
+        needs,
+    ), dropout in itertools.product(
+        ("bfloat16", "float16", "float32"),
+        (32, 64, 80, 96, 128, 160, 192, 256, 512),
+        ("none", "causal", "bool", "float"),
+        (False, True),
+        seqs,
+        (1, 8),
+        grads,
+        (0.0, 0.1),
     ):
         if q_len * k_len * batch > 8 * 128 * 4096 and head_dim not in (64, 128, 256):
             continue  # the longest sequences at the usual head dims only: the table stays small
@@ -439,7 +443,7 @@ def case(dtype, batch, heads, kv_heads, q_len, k_len, head_dim, mask, gqa, grad,
     kv_shape = (batch, kv_heads, k_len, head_dim)
     strides = {}
     for name, shape in (("q", q_shape), ("k", kv_shape), ("v", kv_shape)):
-        b, h, s, d = shape
+        _b, h, s, d = shape
         if layout == "bshd":  # (B, S, H, D) memory seen as (B, H, S, D): what attention layers do
             strides[name] = (s * h * d, d, h * d, 1)
         elif layout == "last_dim_strided":
@@ -471,5 +475,4 @@ def storage_numel(shape, stride) -> int:
     """Elements a view of that shape and stride reaches, from offset 0."""
     if any(size == 0 for size in shape):
         return 0
-    return 1 + sum((size - 1) * step for size, step in zip(shape, stride))
-
+    return 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=False))
