@@ -245,8 +245,9 @@ class Tracer:
     """`with Tracer(torch, device) as tracer:` runs code on fake tensors and records it;
     `tracer.phase` has `mesure_memoire.run_phase`'s shape, so one phase driver serves both."""
 
-    def __init__(self, torch, device: str, fake: bool = True) -> None:
+    def __init__(self, torch, device: str, fake: bool = True, target=None) -> None:
         self.torch = torch
+        self.target = target  # attention_choice.TargetGpu: the GPU a meta trace stands for
         self.real = not fake  # tests record a real run on the CPU the same way
         self.trace = Trace(
             device=device,
@@ -268,7 +269,7 @@ class Tracer:
         if not self.real:
             modes.insert(0, self.fake)
         if self.trace.device == "meta":
-            modes.append(make_choice_notes(self.torch, self.trace)())
+            modes.append(make_choice_notes(self.torch, self.trace, self.target)())
         try:
             if not self.real:
                 self._patch_optimizers()
@@ -375,9 +376,12 @@ class Tracer:
         self._undo.append(lambda: setattr(overrides, "has_torch_function", original))
 
 
-def make_choice_notes(torch, trace: Trace):
+def make_choice_notes(torch, trace: Trace, target=None):
     """On the meta device: note the calls whose kernels a GPU would choose otherwise, and
     make tensors from data fake.
+
+    With a target GPU (attention_choice.TargetGpu), scaled_dot_product_attention takes the
+    kernel that GPU takes (`sdpa_as_on_gpu`) and needs no note, unless the rule cannot tell.
 
     torch.tensor, as_tensor and asarray build a tensor from Python data with PyTorch's
     dispatch keys excluded, and for the meta device return it before handing it to the
@@ -398,9 +402,13 @@ def make_choice_notes(torch, trace: Trace):
     }
     from_data = {torch.tensor, torch.as_tensor, torch.asarray}
 
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
     class ChoiceNotes(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func is sdpa and target is not None:
+                return sdpa_as_on_gpu(torch, trace, target, func, args, kwargs)
             name = functions.get(func)
             if name is not None:
                 trace.notes.setdefault(name, META_CHOICES[name])
@@ -417,6 +425,78 @@ def make_choice_notes(torch, trace: Trace):
             return func(*args, **kwargs)
 
     return ChoiceNotes
+
+
+SDPA_PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                   "enable_gqa")  # fmt: skip
+SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
+                 "enable_gqa": False}  # fmt: skip
+
+
+def sdpa_as_on_gpu(torch, trace: Trace, target, func, args, kwargs):
+    """F.scaled_dot_product_attention as `at::native::scaled_dot_product_attention`
+    (attention.cpp) runs it on the target GPU: the kernel `attention_choice.choose` names,
+    called with the arguments it gets there, so that the trace records that kernel's operator,
+    its outputs, and through autograd its backward operator. Under inference mode a GPU's
+    trace sees the composite operator itself, as this one does: it goes through unchanged.
+    Where the rule cannot tell, the math kernel, noted."""
+    import attention_choice as choice
+
+    call = dict(SDPA_DEFAULTS, **dict(zip(SDPA_PARAMETERS, args, strict=False)), **kwargs)
+    q, k, v, mask = call["query"], call["key"], call["value"], call["attn_mask"]
+    try:
+        backend, _ = choice.choose(
+            target,
+            choice.call_of(
+                torch, q, k, v, mask, call["dropout_p"], call["is_causal"], call["enable_gqa"]
+            ),
+            choice.switches_of(torch),
+        )
+    except choice.Undecided as why:
+        trace.notes.setdefault(
+            "scaled_dot_product_attention",
+            f"{META_CHOICES['scaled_dot_product_attention']}; the kernel {target.name} would "
+            f"take is not known: {why}",
+        )
+        return func(*args, **kwargs)
+    if backend == choice.MATH or torch.is_inference_mode_enabled():
+        return func(*args, **kwargs)
+    aten = torch.ops.aten
+    dropout, causal, scale = call["dropout_p"], call["is_causal"], call["scale"]
+    # should_compute_logsumexp: the saved statistics, for backward only
+    lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if backend == choice.FLASH:
+        # pad_last_dim<8, false>: head dims padded to a multiple of 8, the scale of the
+        # unpadded one; post_process_flash_output slices the output back
+        size = q.size(-1)
+        padded = [
+            t if t.size(-1) % 8 == 0 else torch.nn.functional.pad(t, [0, 8 - t.size(-1) % 8])
+            for t in (q, k, v)
+        ]
+        og_scale = scale if scale is not None else 1.0 / math.sqrt(size)
+        out = aten._scaled_dot_product_flash_attention(
+            *padded, dropout, causal, False, scale=og_scale
+        )[0]
+        return out if out.size(-1) == size else out[..., :size]
+    if mask is not None and mask.dtype == torch.bool:
+        # convert_boolean_attn_mask(_cudnn): where(mask, 0, -inf) in the query's dtype
+        fill = -65504.0 if backend == choice.CUDNN else float("-inf")
+        mask = torch.where(mask, 0.0, torch.scalar_tensor(fill, dtype=q.dtype, device=mask.device))
+    if backend == choice.CUDNN:
+        return aten._scaled_dot_product_cudnn_attention(
+            q, k, v, mask, lse, dropout, causal, False, scale=scale
+        )[0]
+    if mask is not None:
+        # preprocess_mask: a mask whose strides are not multiples of 8 (or whose last one is
+        # not 1) is padded to a multiple of 8 and sliced back, then expanded to (B, H, L, S)
+        aligned = all(s % 8 == 0 for s in mask.stride()[:-1]) and mask.stride(-1) == 1
+        if not aligned:
+            last = mask.size(-1)
+            mask = torch.nn.functional.pad(mask, [0, 8 - last % 8])[..., :last]
+        mask = mask.expand(q.size(0), q.size(1), q.size(2), k.size(2))
+    return aten._scaled_dot_product_efficient_attention(
+        q, k, v, mask, lse, dropout, causal, scale=scale
+    )[0]
 
 
 def make_recorder(torch):
@@ -738,9 +818,11 @@ def describe(torch, x, target):
     return ("unprobeable", type(x).__name__)
 
 
-def run_trace(torch, device: str, drive, fake: bool = True) -> Trace:
+def run_trace(torch, device: str, drive, fake: bool = True, target=None) -> Trace:
     """drive(phase) runs the whole protocol, phase by phase. Exceptions that say the trace
-    cannot follow the code stop it (Trace.stopped); any other exception propagates."""
+    cannot follow the code stop it (Trace.stopped); any other exception propagates. target:
+    the GPU (attention_choice.TargetGpu) whose kernel choices a meta trace makes; None: the
+    meta device's own."""
     from torch._subclasses import fake_tensor
 
     limits = (
@@ -748,7 +830,7 @@ def run_trace(torch, device: str, drive, fake: bool = True) -> Trace:
         fake_tensor.DynamicOutputShapeException,
         fake_tensor.UnsupportedOperatorException,
     )
-    tracer = Tracer(torch, device, fake)
+    tracer = Tracer(torch, device, fake, target)
     try:
         with tracer:
             drive(tracer.phase)
