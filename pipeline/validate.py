@@ -62,6 +62,7 @@ RESULTS_ROW = "urn:iteragpu-lab:schema:results-row:v1"
 PHASE_PREDICTION = "urn:iteragpu-lab:schema:phase-prediction:v1"  # estimate --phases --json
 SWEEP = "urn:iteragpu-lab:schema:sweep:v1"
 CALIBRATION = decoder.CALIBRATION_SCHEMA
+HF_ZOO = "urn:iteragpu-lab:schema:hf-zoo-grid:v1"  # tests/benchmarks/hf_zoo_grid.py
 # A run folder's files: their names promise their kind.
 NAMED_KINDS = {
     "environment.json": ((ENVIRONMENT,), "an environment"),
@@ -484,11 +485,95 @@ def sweep_facts(document: dict) -> list[str]:
     return errors
 
 
+def hf_zoo_point_facts(where: str, point: dict) -> list[str]:
+    """A point's comparison is its phases' own, and its verdicts follow from it."""
+    comparison, prediction = point["comparison"], point["prediction"]
+    if comparison is None:
+        return []
+    if prediction is None or point["measurement"] is None:
+        return [f"{where}.comparison: without both a prediction and a measurement"]
+    predicted, measured = prediction["phases"], point["measurement"]["phases"]
+    errors = []
+    aligned = len(predicted) == len(measured)
+    largest = dict.fromkeys(mesure_memoire.COUNTER_KEYS, 0)
+    broken, checked = [], 0
+    for i, (p, m) in enumerate(zip(predicted, measured, strict=False)):
+        aligned = aligned and p["phase"] == m["phase"]
+        for key in mesure_memoire.COUNTER_KEYS:
+            if key in p["counters"] and key in m["counters"]:
+                difference = abs(m["counters"][key] - p["counters"][key])
+                largest[key] = max(largest[key], difference)
+            else:
+                aligned = False
+        for key, bound in sorted((p["bounds"] or {}).items()):
+            if key not in m["counters"]:
+                continue
+            checked += 1
+            value, lower, upper = m["counters"][key], bound["lower"], bound["upper"]
+            if (lower is not None and value < lower) or (upper is not None and value > upper):
+                broken.append((i, key))
+    if comparison["largest_abs_difference"] != largest:
+        errors.append(f"{where}.comparison.largest_abs_difference: not its phases' differences")
+    if comparison["phases_aligned"] != aligned:
+        errors.append(f"{where}.comparison.phases_aligned: {comparison['phases_aligned']}, "
+                      f"its phases say {aligned}")  # fmt: skip
+    equal = aligned and not any(largest.values())
+    if comparison["equal_to_the_byte"] != equal:
+        errors.append(f"{where}.comparison.equal_to_the_byte: its phases say {equal}")
+    listed = [(b["phase_index"], b["counter"]) for b in comparison["bounds_broken"]]
+    if comparison["bounds_checked"] != checked or listed != broken:
+        errors.append(f"{where}.comparison: bounds checked or broken are not its phases' own")
+    verdicts = []
+    if prediction["status"] == "exact":
+        verdicts.append("exact_held" if equal else "false_exact")
+    if checked:
+        verdicts.append("bounds_broken" if broken else "bounds_held")
+    if point["verdicts"] != (verdicts or ["no_claim"]):
+        errors.append(f"{where}.verdicts: {point['verdicts']}, its comparison gives "
+                      f"{verdicts or ['no_claim']}")  # fmt: skip
+    return errors
+
+
+def hf_zoo_facts(document: dict) -> list[str]:
+    """The zoo grid's totals count its points' verdicts; each point's verdicts are its own."""
+    points = document["points"]
+    errors = []
+    names = [point["name"] for point in points]
+    if len(set(names)) != len(names):
+        errors.append("$.points: a name is given twice")
+    for i, point in enumerate(points):
+        errors += hf_zoo_point_facts(f"$.points[{i}]", point)
+    compared = [point for point in points if point["comparison"] is not None]
+    equal = sum(point["comparison"]["equal_to_the_byte"] for point in compared)
+    expected = {
+        "points": len(points),
+        "crashes": len(points) - len(compared),
+        **{
+            verdict: sum(verdict in point["verdicts"] for point in points)
+            for verdict in ("exact_held", "false_exact", "bounds_held", "bounds_broken", "no_claim")
+        },
+        "equal_to_the_byte": equal,
+    }
+    totals = document["totals"]
+    for key, value in expected.items():
+        if totals[key] != value:
+            errors.append(f"$.totals.{key}: {totals[key]}, the points give {value}")
+    share = totals["share_exact_to_the_byte"]
+    if (share is None) != (not compared) or (
+        compared and abs(share - equal / len(compared)) > 1e-6
+    ):
+        errors.append("$.totals.share_exact_to_the_byte: not equal_to_the_byte over the points "
+                      "not crashed")  # fmt: skip
+    return errors
+
+
 def document_facts(document: dict) -> list[str]:
     """The facts of a document whose schema holds: each kind's own, then its environment's."""
     schema = document["schema"]
     if schema == SWEEP:
         return sweep_facts(document)
+    if schema == HF_ZOO:
+        return hf_zoo_facts(document)
     if schema == CALIBRATION:
         return decoder.calibration_facts(document)
     if schema == ENVIRONMENT:

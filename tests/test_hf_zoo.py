@@ -1,0 +1,320 @@
+"""tests/benchmarks/hf_zoo_grid.py: its points file, its selection, and `summarise` on small
+made-up cpu/ and h200/ documents (a claimed exact prediction 1 byte off is false exact, a
+bound 1 byte short is broken, a missing side is a crash), the summary validated by
+pipeline/validate.py with its facts; and every committed summary of this schema holds."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import validate
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
+import hf_zoo_grid as zoo
+
+REGISTRY = validate.load_registry()
+POINTS = ROOT / "tests" / "benchmarks" / "hf-zoo-points.txt"
+PHASES = ("model_load", "inputs", "cold_step", "warmup", "warm_step", "warm_step")
+MiB = 1 << 20
+
+
+def rows(scale: int = 1) -> list[dict]:
+    out = []
+    for i, phase in enumerate(PHASES):
+        allocated = (i + 1) * 10 * MiB * scale
+        out.append({
+            "phase": phase, "passes": 1,
+            "baseline_allocated_bytes": 0, "baseline_reserved_bytes": 0,
+            "allocated_bytes": allocated, "reserved_bytes": allocated + 2 * MiB,
+            "peak_allocated_bytes": allocated + MiB, "peak_reserved_bytes": allocated + 2 * MiB,
+        })  # fmt: skip
+    return out
+
+
+def cpu_document(status: str = "exact", phases=None, **prediction) -> dict:
+    return {
+        "schema": "urn:iteragpu-lab:schema:own-model-measurement:v1",
+        "status": "predicted",
+        "configuration": {"dtype": "bfloat16", "batch": 2, "dims": {"sequence": 16}},
+        "workload": {"file": "gpt2.json", "sha256": "ab" * 32},
+        "prediction": {"status": status, "phases": rows() if phases is None else phases,
+                       **prediction},
+    }  # fmt: skip
+
+
+def h200_document(phases=None, status: str = "completed") -> dict:
+    return {
+        "status": status,
+        "configuration": {"dtype": "bfloat16", "batch": 2, "dims": {"sequence": 16}},
+        "workload": {"file": "gpt2.json", "sha256": "ab" * 32},
+        "phases": rows() if phases is None else phases,
+    }
+
+
+def folder(tmp_path: Path, points: dict[str, tuple]) -> Path:
+    """DIR with points.txt, cpu/ and h200/: name -> (cpu document or None, h200 or None)."""
+    out = tmp_path / "zoo"
+    (out / "cpu").mkdir(parents=True)
+    (out / "h200").mkdir()
+    lines = [f"{name} gpt2.json inference --batch 2 --dim sequence=16 --dtype bfloat16"
+             for name in points]  # fmt: skip
+    (out / "points.txt").write_text("@estimate --gpu h200\n" + "\n".join(lines) + "\n")
+    for name, (cpu, h200) in points.items():
+        if cpu is not None:
+            (out / "cpu" / f"{name}.json").write_text(json.dumps(cpu))
+        if h200 is not None:
+            (out / "h200" / f"{name}.json").write_text(json.dumps(h200))
+    return out
+
+
+def summarised(out: Path) -> dict:
+    assert zoo.main(["summarise", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert validate.validate_document(summary, REGISTRY) == []
+    assert (out / "comparison.md").read_text().count("\n") >= 4
+    return summary
+
+
+def by_name(summary: dict) -> dict:
+    return {point["name"]: point for point in summary["points"]}
+
+
+def test_an_exact_prediction_equal_to_the_byte_holds(tmp_path):
+    summary = summarised(folder(tmp_path, {"p": (cpu_document(), h200_document())}))
+    point = by_name(summary)["p"]
+    assert point["verdicts"] == ["exact_held"]
+    assert point["comparison"]["equal_to_the_byte"] is True
+    assert (point["dtype"], point["batch"], point["sequence"]) == ("bfloat16", 2, 16)
+    assert point["estimate_flags"] == ["--gpu", "h200"]
+    assert summary["totals"]["share_exact_to_the_byte"] == 1.0
+
+
+@pytest.mark.parametrize("key", ["peak_allocated_bytes", "baseline_reserved_bytes"])
+def test_a_claimed_exact_prediction_one_byte_off_is_false_exact(tmp_path, key):
+    measured = rows()
+    measured[3][key] += 1
+    summary = summarised(folder(tmp_path, {"p": (cpu_document(), h200_document(measured))}))
+    point = by_name(summary)["p"]
+    assert point["verdicts"] == ["false_exact"]
+    assert point["comparison"]["largest_abs_difference"][key] == 1
+    assert summary["totals"]["false_exact"] == 1
+    assert summary["totals"]["share_exact_to_the_byte"] == 0.0
+
+
+def test_phases_that_do_not_line_up_are_not_exact(tmp_path):
+    measured = rows()[:-1]  # one warm step short
+    summary = summarised(folder(tmp_path, {"p": (cpu_document(), h200_document(measured))}))
+    point = by_name(summary)["p"]
+    assert point["comparison"]["phases_aligned"] is False
+    assert point["verdicts"] == ["false_exact"]
+
+
+def with_row_bounds(lower_off: int, upper_off: int) -> list[dict]:
+    predicted = rows()
+    for row in predicted:
+        for key in zoo.PEAKS:
+            stem = key[: -len("_bytes")]
+            row[f"{stem}_lower_bytes"] = row[key] + lower_off
+            row[f"{stem}_upper_bytes"] = row[key] + upper_off
+    return predicted
+
+
+@pytest.mark.parametrize(
+    ("lower_off", "upper_off", "verdict"),
+    [(0, 0, "bounds_held"), (-MiB, MiB, "bounds_held"), (-MiB, -1, "bounds_broken"),
+     (1, MiB, "bounds_broken")],
+)  # fmt: skip
+def test_per_row_bounds_are_checked_to_the_byte(tmp_path, lower_off, upper_off, verdict):
+    cpu = cpu_document("approximate", with_row_bounds(lower_off, upper_off))
+    summary = summarised(folder(tmp_path, {"p": (cpu, h200_document())}))
+    point = by_name(summary)["p"]
+    assert point["verdicts"] == [verdict]
+    assert point["comparison"]["bounds_checked"] == 2 * len(PHASES)
+    assert len(point["comparison"]["bounds_broken"]) == (
+        0 if verdict == "bounds_held" else 2 * len(PHASES)
+    )
+
+
+def test_bounds_given_as_prediction_bounds_are_read_too(tmp_path):
+    listed = [
+        {
+            "peak_reserved_bytes": {
+                "lower": r["peak_reserved_bytes"] - MiB,
+                "upper": r["peak_reserved_bytes"],
+            }
+        }
+        for r in rows()
+    ]
+    listed[4]["peak_reserved_bytes"]["upper"] -= 1  # the first warm step: 1 byte short
+    cpu = cpu_document("approximate", bounds=listed)
+    point = by_name(summarised(folder(tmp_path, {"p": (cpu, h200_document())})))["p"]
+    assert point["verdicts"] == ["bounds_broken"]
+    broken = point["comparison"]["bounds_broken"]
+    assert [(b["phase_index"], b["counter"]) for b in broken] == [(4, "peak_reserved_bytes")]
+
+
+def test_an_approximate_prediction_without_bounds_claims_nothing(tmp_path):
+    measured = rows(scale=2)
+    point = by_name(
+        summarised(folder(tmp_path, {"p": (cpu_document("approximate"), h200_document(measured))}))
+    )["p"]
+    assert point["verdicts"] == ["no_claim"]
+
+
+def test_a_missing_or_failed_side_is_a_crash_with_its_reason(tmp_path):
+    out = folder(
+        tmp_path,
+        {
+            "ok": (cpu_document(), h200_document()),
+            "no-cpu": (None, h200_document()),
+            "no-h200": (cpu_document(), None),
+            "oom": (cpu_document(), h200_document(status="out_of_memory")),
+        },
+    )
+    (out / "h200" / "measure-all.txt").write_text(
+        "no-h200 exit 1 3.2 s: RuntimeError: something broke\n"
+        "oom exit 0 9.0 s: out of memory at cold_step\n"
+    )
+    (out / "cpu" / "timings.txt").write_text("no-cpu exit 2 1.0 s: --gpu: not a known GPU\n")
+    summary = summarised(out)
+    points = by_name(summary)
+    assert points["ok"]["verdicts"] == ["exact_held"]
+    for name in ("no-cpu", "no-h200", "oom"):
+        assert points[name]["verdicts"] == ["crash"]
+    assert "not a known GPU" in points["no-cpu"]["crash_reason"]
+    assert "something broke" in points["no-h200"]["crash_reason"]
+    assert points["oom"]["measurement"]["status"] == "out_of_memory"
+    totals = summary["totals"]
+    assert (totals["points"], totals["crashes"], totals["exact_held"]) == (4, 3, 1)
+    assert totals["share_exact_to_the_byte"] == 1.0
+
+
+def test_validate_refuses_totals_or_verdicts_that_are_not_the_points_own(tmp_path):
+    out = folder(tmp_path, {"a": (cpu_document(), h200_document()),
+                            "b": (cpu_document(), None)})  # fmt: skip
+    summary = summarised(out)
+    for change, fragment in [
+        (lambda s: s["totals"].update(false_exact=1), "$.totals.false_exact"),
+        (lambda s: s["totals"].update(share_exact_to_the_byte=0.5), "share_exact_to_the_byte"),
+        (lambda s: s["points"][0].update(verdicts=["no_claim"]), "$.points[0].verdicts"),
+        (lambda s: s["points"][0]["measurement"]["phases"][2]["counters"].update(
+            peak_allocated_bytes=1), "largest_abs_difference"),
+        (lambda s: s["points"][1].update(verdicts=["no_claim"]), "verdicts"),
+    ]:  # fmt: skip
+        broken = copy.deepcopy(summary)
+        change(broken)
+        errors = validate.validate_document(broken, REGISTRY)
+        assert any(fragment in error for error in errors), errors
+
+
+def test_points_lines_flags_and_estimate_only_flags():
+    points = zoo.read_points(
+        "# a comment\n"
+        "@estimate --gpu h200\n"
+        "a gpt2.json inference --batch 4 --dim sequence=32 --dtype float32\n"
+        "b gpt2.json generate --batch 1 --new-tokens 8 | --repeats 1  # trailing\n"
+        "@estimate\n"
+        "c gpt2.json training\n"
+    )
+    assert [p.name for p in points] == ["a", "b", "c"]
+    assert points[0].estimate_flags == ("--gpu", "h200")
+    assert points[1].flags == ("--batch", "1", "--new-tokens", "8")
+    assert points[1].estimate_flags == ("--gpu", "h200", "--repeats", "1")
+    assert points[2].estimate_flags == ()
+    assert zoo.flag_settings(points[0].flags) == {"dtype": "float32", "batch": 4, "sequence": 32}
+    for bad in ("a gpt2.json\n", "a gpt2.json dance\n", "a x inference\na x inference\n", ""):
+        with pytest.raises(zoo.PointsError):
+            zoo.read_points(bad)
+
+
+def test_measure_takes_a_subset_by_name_or_by_shard():
+    points = zoo.read_points("".join(f"p{i} gpt2.json inference\n" for i in range(7)))
+    names = lambda chosen: [p.name for p in chosen]  # noqa: E731
+    assert names(zoo.selection(points, "p3,p1", None)) == ["p1", "p3"]
+    shards = [names(zoo.selection(points, None, f"{i}/3")) for i in (1, 2, 3)]
+    assert shards == [["p0", "p3", "p6"], ["p1", "p4"], ["p2", "p5"]]
+    for only, shard in (("p9", None), (None, "0/3"), (None, "4/3"), (None, "x")):
+        with pytest.raises(zoo.PointsError):
+            zoo.selection(points, only, shard)
+
+
+def test_predict_refuses_to_overwrite_and_runs_the_estimates(tmp_path):
+    config = tmp_path / "tiny-gpt2.json"
+    config.write_text(json.dumps({
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1, "n_embd": 32,
+        "n_head": 2, "vocab_size": 64, "n_positions": 64, "bos_token_id": 0, "eos_token_id": 0,
+    }))  # fmt: skip
+    points = tmp_path / "points.txt"
+    points.write_text(
+        f"tiny {config} inference --batch 2 --dim sequence=8 --dtype float32 | --repeats 1\n"
+        f"broken {config} inference --batch 2 | --no-such-flag\n"
+    )
+    out = tmp_path / "out"
+    (out / "cpu").mkdir(parents=True)
+    (out / "cpu" / "tiny.json").write_text("{}")
+    assert zoo.main(["predict", "--points", str(points), "--out", str(out)]) == 2
+    assert not (out / "points.txt").exists()
+    (out / "cpu" / "tiny.json").unlink()
+    pytest.importorskip("transformers")
+    assert zoo.main(["predict", "--points", str(points), "--out", str(out)]) == 1  # one failed
+    assert json.loads((out / "cpu" / "tiny.json").read_text())["prediction"]["phases"]
+    log = (out / "cpu" / "timings.txt").read_text().splitlines()
+    assert [line.split()[:3] for line in log] == [["tiny", "exit", "0"], ["broken", "exit", "2"]]
+    summary = summarised(out)
+    assert summary["totals"]["crashes"] == 2  # nothing measured yet
+    assert "--no-such-flag" in by_name(summary)["broken"]["crash_reason"]
+
+
+def test_measure_without_a_gpu_stops_before_writing(tmp_path, capsys):
+    if zoo_gpu_visible():
+        pytest.skip("a GPU is visible here")
+    points = tmp_path / "points.txt"
+    points.write_text("a gpt2.json inference\n")
+    with pytest.raises(SystemExit) as stop:
+        zoo.main(["measure", "--points", str(points), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    assert not (tmp_path / "out").exists()
+
+
+def zoo_gpu_visible() -> bool:
+    import gpu_guard
+
+    return gpu_guard.gpu_problem("cuda:0") is None
+
+
+def test_the_points_file_names_published_configs_and_the_real_sizes():
+    points = zoo.read_points(POINTS.read_text())
+    assert len(points) >= 32
+    for point in points:
+        assert zoo.config_path(point.config).is_file(), point.config
+    configs = {point.config for point in points}
+    families = {json.loads(zoo.config_path(c).read_text())["model_type"] for c in configs}
+    assert len(families) >= 12, families
+    tasks = {(p.config, p.task, zoo.flag_settings(p.flags)["dtype"]) for p in points}
+    assert {t for _, t, _ in tasks} == set(zoo.TASKS)
+    real = {(p.config, p.task, zoo.flag_settings(p.flags)["batch"],
+             zoo.flag_settings(p.flags)["sequence"]) for p in points}  # fmt: skip
+    assert ("llama-3.1-8b.json", "generate", 8, 4096) in real
+    assert ("llama-3.2-1b.json", "training", 4, 2048) in real
+    assert any(c == "llama-3.1-8b.json" and t == "lora" and s == 2048 for c, t, _, s in real)
+
+
+COMMITTED = sorted(
+    path
+    for path in (ROOT / "runs").glob("*/summary.json")
+    if json.loads(path.read_text()).get("schema") == zoo.SCHEMA
+)
+
+
+@pytest.mark.skipif(not COMMITTED, reason="no committed zoo grid summary yet")
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.parent.name)
+def test_committed_zoo_summaries_hold(path):
+    summary = json.loads(path.read_text())
+    assert validate.validate_document(summary, REGISTRY) == []
+    assert summary["totals"]["false_exact"] == 0
+    assert summary["totals"]["bounds_broken"] == 0
