@@ -194,13 +194,25 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
         why = prediction.get("reason", "the trace could not follow the code")
         raise cli.UsageError(f"{name}: not predicted ({why}): no figure to fit; measure it instead")
     notes, approximate = [], None
+    peak = prediction["largest_peak_reserved_bytes"]
     if prediction["status"] == "approximate":
         unknown = "; ".join(f"{entry['op']}: {entry['why']}" for entry in prediction["unknown"])
         notes.append(f"approximate, what the prediction does not know: {unknown}")
         ops = ", ".join(entry["op"] for entry in prediction["unknown"])
         approximate = f"the trace does not know {ops}"
+        if "bounds" in prediction:  # sized by the most it can take, never the middle
+            rows = prediction["bounds"]["phases"]
+            upper = max(row["peak_reserved_bytes"]["upper"] for row in rows)
+            lower = max(row["peak_reserved_bytes"]["lower"] for row in rows)
+            approximate += (
+                f"; sized by its upper bound, {upper:,} B (predicted {peak:,} B, at least "
+                f"{lower:,} B)"
+            )
+            peak = upper
+        elif "unbounded" in prediction:
+            approximate += f"; {prediction['unbounded']}"
     return Need(
-        peak_reserved_bytes=prediction["largest_peak_reserved_bytes"],
+        peak_reserved_bytes=peak,
         basis="prediction",
         source=name,
         what=own_model_text(document),

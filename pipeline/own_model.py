@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import cli
+import gpu_calibration
 import mesure_memoire
 import trace_prediction
 
@@ -488,9 +489,10 @@ class Setting:
     given: list = dataclasses.field(default_factory=list)  # the --dim options
 
 
-def trace_workload(torch, setting: Setting, index: int):
+def trace_workload(torch, setting: Setting, index: int, target=None):
     """(Trace, facts, the user's exception or None): the protocol run once on fake tensors.
-    The module is imported again inside the trace, so its own tensors are fake too."""
+    The module is imported again inside the trace, so its own tensors are fake too. target:
+    the GPU whose kernel choices a trace without a GPU makes (attention_choice.TargetGpu)."""
     from torch._subclasses import fake_tensor
 
     device = trace_prediction.trace_device(torch, index)
@@ -522,7 +524,7 @@ def trace_workload(torch, setting: Setting, index: int):
             ) from None
 
     try:
-        trace = trace_prediction.run_trace(torch, device, run)
+        trace = trace_prediction.run_trace(torch, device, run, target=target)
     except (cli.UsageError, KeyboardInterrupt):
         raise
     except Exception as exc:  # the harness's own failure: said, and the measurement stands
@@ -998,13 +1000,21 @@ def bounds_facts(prediction: dict) -> list[str]:
 
 def estimate(args) -> int:
     setting = setting_from(args)
-    calibration, source = None, None
+    calibration, source, target = None, None, None
+    if args.gpu is not None:
+        import attention_choice
+
+        calibration, facts = gpu_calibration.load(args.gpu)
+        source = calibration.source
+        target = attention_choice.TargetGpu(
+            facts["gpu"]["name"], tuple(facts["gpu"]["capability"]), facts["torch"]
+        )
     if args.calibration is not None:
         calibration, source = read_calibration(Path(args.calibration))
     torch = mesure_memoire.import_torch()
     try:
         load(setting)
-        trace, facts, failure = trace_workload(torch, setting, 0)
+        trace, facts, failure = trace_workload(torch, setting, 0, target)
     except UserCodeError as exc:
         failure, trace = exc, None
     if failure is not None:
@@ -1169,6 +1179,11 @@ def build_parser() -> cli.Parser:
         "--calibration",
         metavar="MEASUREMENT.json",
         help="an own_model.py measurement whose calibration covers these operator calls",
+    )
+    estimate_parser.add_argument(
+        "--gpu",
+        choices=sorted(gpu_calibration.KNOWN),
+        help="predict for this GPU: its attention kernel choices and its committed calibration",
     )
     estimate_parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser

@@ -860,9 +860,26 @@ class Calibration:
     failed: dict = dataclasses.field(default_factory=dict)  # signature -> why
     workspaces_per_thread: bool | None = None
     source: str = "this process"
+    # gpu_calibration.form(...) -> template whose outputs take the call's own sizes (None)
+    patterns: dict = dataclasses.field(default_factory=dict)
 
-    def known(self, signature: str) -> bool:
-        return signature in self.templates or signature in self.output_only
+    def known(self, signature: str, call: Signature | None = None) -> bool:
+        return (
+            signature in self.templates
+            or signature in self.output_only
+            or self.pattern(call) is not None
+        )
+
+    def template(self, signature: str, call: Signature | None) -> list | None:
+        found = self.templates.get(signature)
+        return found if found is not None else self.pattern(call)
+
+    def pattern(self, call: Signature | None) -> list | None:
+        if call is None or not self.patterns:
+            return None
+        import gpu_calibration  # it builds on this module
+
+        return self.patterns.get(gpu_calibration.form(call.name, call.leaves))
 
     def to_json(self, trace: Trace | None = None) -> dict:
         names = trace.signatures if trace is not None else {}
@@ -1275,7 +1292,11 @@ def replay(trace: Trace, calibration: Calibration | None, segment_rank=None, sce
                 blocks[sid] = blocks[op.reuses]
                 sharing[id(blocks[sid])] = sharing.get(id(blocks[sid]), 1) + 1
                 continue
-            template = calibration.templates.get(op.signature) if calibration else None
+            template = (
+                calibration.template(op.signature, trace.signatures.get(op.signature))
+                if calibration
+                else None
+            )
             uncertain = scenario is not None and op.signature in scenario.uncertain
             if uncertain and template is not None and not scenario.upper:
                 template = [step for step in template if step[0] == "output"]
@@ -1285,7 +1306,7 @@ def replay(trace: Trace, calibration: Calibration | None, segment_rank=None, sce
             for step in template or ():
                 if step[0] == "output" and step[1] in pending:
                     sid, nbytes = pending.pop(step[1])
-                    if nbytes != step[2]:
+                    if step[2] is not None and nbytes != step[2]:  # None: a pattern's
                         mismatches.setdefault(op.name, f"output {step[1]}: traced {nbytes} B")
                     blocks[sid] = (malloc(nbytes, op.name), nbytes)
                 elif step[0] == "output":
@@ -1375,7 +1396,7 @@ def uncertain_calls(trace: Trace, calibration) -> dict:
         if signature.view:
             continue
         dependent = VALUE_DEPENDENT.get(packet(signature.name))
-        covered = (calibration is not None and calibration.known(key)) or (
+        covered = (calibration is not None and calibration.known(key, signature)) or (
             packet(signature.name) in OUTPUT_ONLY
         )
         if (dependent is not None and dependent[0](signature.leaves)) or not covered:
@@ -1434,7 +1455,7 @@ def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> 
         if dependent is not None and dependent[0](signature.leaves):
             add(packet(signature.name), signature.calls, dependent[1])
             continue
-        if calibration is not None and calibration.known(key):
+        if calibration is not None and calibration.known(key, signature):
             continue
         if packet(signature.name) in OUTPUT_ONLY:
             continue

@@ -1,0 +1,248 @@
+"""Bounds of an approximate prediction, and the GPU calibration that `estimate --gpu` carries.
+
+The bounds rest on two facts about GPU kernels, checked here against every operator probed on
+the H200 and committed as evidence: an operator's scratch is at most SCRATCH_FACTOR times the
+bytes of its device inputs and outputs, and the committed calibration file is exactly what
+its evidence builds (no hand edits). The figures of the synthetic traces are worked by hand."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+
+import gpu_calibration
+import own_model
+import pytest
+import trace_prediction as tp
+import validate
+from conftest import RUNS
+
+PROBES = RUNS / "20261203T212500Z-h200-probes"
+MIB = 2**20
+REGISTRY = validate.load_registry(validate.SCHEMAS)
+
+
+def tensor_leaf(nbytes: int) -> tuple:
+    return ("tensor", "float32", (nbytes // 4,), (1,), 0, nbytes, "device")
+
+
+def one_operator_trace(name: str = "aten.foo.default", nbytes: int = MIB) -> tp.Trace:
+    """One phase: an operator reads a tensor of nbytes and returns one of nbytes, then that
+    output dies."""
+    trace = tp.Trace("meta", "cpu-only", "test")
+    trace.signatures["k"] = tp.Signature(name, None, [tensor_leaf(nbytes)], None, calls=1)
+    trace.events = [
+        ("start", "step", None, 1),
+        ("op", tp.OpCall(name, tp.CALLER, "k", ((0, 0, nbytes),))),
+        ("free", 0),
+        ("end",),
+    ]
+    return trace
+
+
+def test_an_uncalibrated_operator_is_bounded_by_its_outputs_and_the_scratch_rule():
+    prediction = tp.predict(one_operator_trace())
+    assert prediction.status == tp.APPROXIMATE
+    (row,) = prediction.bounds
+    low, high = row["peak_allocated_bytes"]
+    assert low == MIB  # its output only
+    # the output, a library workspace kept once, and scratch of 8 x (1 MiB in + 1 MiB out)
+    assert high == MIB + tp.WORKSPACE_BOUND + tp.SCRATCH_FACTOR * 2 * MIB == 81 * MIB
+    low, high = row["peak_reserved_bytes"]
+    assert low <= prediction.rows[0]["peak_reserved_bytes"] <= high
+    assert high >= 81 * MIB
+
+
+def test_a_calibrated_operator_leaves_nothing_to_bound():
+    calibration = tp.Calibration(output_only={"k"})
+    prediction = tp.predict(one_operator_trace(), calibration)
+    assert prediction.status == tp.EXACT
+    assert prediction.bounds is None
+    assert prediction.unbounded is None
+
+
+def test_another_kernel_than_the_traces_has_no_bounds():
+    trace = one_operator_trace()
+    trace.notes["MultiheadAttention fast path"] = tp.FAST_PATH
+    prediction = tp.predict(trace)
+    assert prediction.bounds is None
+    assert "MultiheadAttention fast path" in prediction.unbounded
+    assert "aten.foo" not in prediction.unbounded  # that one alone could be bounded
+
+
+def test_a_storage_made_outside_the_dispatcher_is_bounded_from_the_start():
+    """Seen first in the second phase, it may have been made before the first: the upper
+    bound of the first phase counts it."""
+    trace = one_operator_trace()
+    trace.events = [
+        ("start", "load", None, 1),
+        ("end",),
+        *trace.events[:1],
+        ("unseen", 7, 4 * MIB),
+        *trace.events[1:],
+    ]
+    trace.notes[tp.UNSEEN] = "first seen as an input of aten.foo.default"
+    prediction = tp.predict(trace, tp.Calibration(output_only={"k"}))
+    first, second = prediction.bounds
+    assert first["peak_allocated_bytes"] == (0, 4 * MIB)
+    assert second["peak_allocated_bytes"] == (5 * MIB, 5 * MIB)
+
+
+def probe_documents() -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted((PROBES / "probes").glob("*.json"))]
+
+
+def leaves_of(text: str) -> list:
+    try:
+        return ast.literal_eval(text)
+    except ValueError:  # inf or nan among the arguments
+        return eval(text, {"inf": math.inf, "nan": math.nan})  # our own evidence
+
+
+def scratch_peak(template: list[dict]) -> int:
+    live = peak = 0
+    sizes = {}
+    for step in template:
+        if step["kind"] == "internal":
+            sizes[step["id"]] = step["bytes"]
+            live += step["bytes"]
+            peak = max(peak, live)
+        elif step["kind"] == "free":
+            live -= sizes.pop(step["id"])
+    return peak
+
+
+def test_every_probed_operators_scratch_is_within_the_scratch_rule():
+    checked = 0
+    for document in probe_documents():
+        for entry in document["calibration"]["operators"]:
+            leaves = leaves_of(document["signatures"][entry["signature"]]["leaves"])
+            signature = tp.Signature(entry["op"], None, leaves, None)
+            outputs = sum(s["bytes"] for s in entry["template"] if s["kind"] == "output")
+            bound = tp.SCRATCH_FACTOR * (tp.device_bytes(signature) + outputs)
+            assert scratch_peak(entry["template"]) <= bound, entry["op"]
+            kept = sum(s["bytes"] for s in entry["template"] if s["kind"] == "persistent")
+            assert kept <= tp.WORKSPACE_BOUND, entry["op"]
+            checked += 1
+    assert checked >= 150
+
+
+def test_the_committed_calibration_is_what_its_evidence_builds(tmp_path):
+    output = tmp_path / "calibration.json"
+    import os
+
+    here = os.getcwd()
+    os.chdir(PROBES)
+    try:
+        code = gpu_calibration.main(
+            ["build", "probes", "--output", str(output), "--made-from", f"runs/{PROBES.name}"]
+        )
+    finally:
+        os.chdir(here)
+    assert code == 0
+    committed = gpu_calibration.FOLDER / gpu_calibration.KNOWN["h200"]
+    assert output.read_bytes() == committed.read_bytes()
+
+
+def probe_document(signatures: dict, operators: list, output_only: list) -> dict:
+    return {
+        "signatures": signatures,
+        "calibration": {
+            "operators": operators,
+            "output_only": output_only,
+            "failed": [],
+            "workspaces_per_thread": True,
+        },
+    }
+
+
+def mm(key: str, rows: int) -> dict:
+    return {key: {"name": "aten.mm.default", "leaves": repr([tensor_leaf(rows * 4)] * 2)}}
+
+
+WORKSPACE = [
+    {"kind": "output", "index": 0, "bytes": 64},
+    {"kind": "persistent", "bytes": 33554432},
+]
+
+
+def test_a_pattern_needs_two_shapes_that_agree():
+    one = probe_document(mm("a", 8), [{"op": "aten.mm.default", "signature": "a",
+                                       "template": WORKSPACE}], [])  # fmt: skip
+    assert gpu_calibration.build([one])["patterns"] == {}
+    two = probe_document(
+        {**mm("a", 8), **mm("b", 16)},
+        [{"op": "aten.mm.default", "signature": key, "template": WORKSPACE} for key in ("a", "b")],
+        [],
+    )
+    built = gpu_calibration.build([two])
+    assert built["patterns"] == {
+        "aten.mm.default(float32, float32)": [
+            {"kind": "output", "index": 0, "bytes": None},
+            {"kind": "persistent", "bytes": 33554432},
+        ]
+    }
+    other = probe_document(mm("c", 32), [], ["c"])  # a third shape with no workspace
+    built = gpu_calibration.build([two, other])
+    assert built["patterns"] == {}
+    assert built["patterns_not_shared"] == ["aten.mm.default(float32, float32)"]
+
+
+def test_an_operator_other_than_a_matrix_product_is_never_generalised():
+    documents = probe_document(
+        {
+            key: {"name": "aten.sum.dim_IntList", "leaves": repr([tensor_leaf(n)])}
+            for key, n in (("a", 64), ("b", 128), ("c", 256))
+        },
+        [],
+        ["a", "b", "c"],
+    )
+    assert gpu_calibration.build([documents])["patterns"] == {}
+
+
+def test_bounds_that_do_not_hold_the_prediction_are_refused(capsys):
+    path_rows = one_operator_trace()
+    prediction = tp.predict(path_rows)
+    document = {
+        "schema": own_model.SCHEMA,
+        "tool": own_model.TOOL,
+        "created_utc": "2026-12-03T00:00:00Z",
+        "status": "predicted",
+    }
+    record = own_model.prediction_record(path_rows, prediction, None)
+    assert own_model.bounds_facts(record) == []
+    record["bounds"]["phases"][0]["peak_allocated_bytes"]["lower"] = MIB + 1
+    assert own_model.bounds_facts(record) == [
+        "$.prediction.bounds.phases[0].peak_allocated_bytes: the prediction 1048576 is "
+        "outside its bounds"
+    ]
+    assert document["status"] == "predicted"
+
+
+@pytest.mark.parametrize("name", ["a100", "H200", ""])
+def test_an_unknown_gpu_is_refused_in_one_line(capsys, name):
+    code = own_model.main(["estimate", "--workload", "x.py:f", "--gpu", name])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "--gpu" in err[0]
+    assert "h200" in err[0]
+
+
+def test_a_value_dependent_operators_probe_is_neither_least_nor_most():
+    """embedding_dense_backward sorts more than 3072 indices with scratch sized by their
+    values: its probe (on zeros) is one case. The least drops its scratch; the most adds the
+    scratch rule on top."""
+    name = "aten.embedding_dense_backward.default"
+    trace = one_operator_trace(name)
+    indices = ("tensor", "int64", (4096,), (1,), 0, 4096 * 8, "device")
+    trace.signatures["k"].leaves = [tensor_leaf(MIB), indices, 1000, -1, False]
+    template = [("internal", 0, 2 * MIB), ("output", 0, MIB), ("free", 0)]
+    prediction = tp.predict(trace, tp.Calibration(templates={"k": template}))
+    assert prediction.status == tp.APPROXIMATE
+    assert prediction.rows[0]["peak_allocated_bytes"] == 3 * MIB  # the probe's own case
+    ((low, high),) = [row["peak_allocated_bytes"] for row in prediction.bounds]
+    assert low == MIB
+    inputs = MIB + 4096 * 8
+    assert high == 3 * MIB - 2 * MIB + tp.WORKSPACE_BOUND + tp.SCRATCH_FACTOR * (inputs + MIB)
