@@ -403,12 +403,20 @@ def make_choice_notes(torch, trace: Trace, target=None):
     from_data = {torch.tensor, torch.as_tensor, torch.asarray}
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    dropouts = {
+        torch.nn.functional.dropout: DROPOUT_PARAMETERS,
+        torch.dropout: ("input", "p", "train"),
+    }
 
     class ChoiceNotes(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func is sdpa and target is not None:
                 return sdpa_as_on_gpu(torch, trace, target, func, args, kwargs)
+            if func in dropouts:
+                fused = dropout_as_on_gpu(torch, dropouts[func], args, kwargs)
+                if fused is not None:
+                    return fused
             name = functions.get(func)
             if name is not None:
                 trace.notes.setdefault(name, META_CHOICES[name])
@@ -427,6 +435,34 @@ def make_choice_notes(torch, trace: Trace, target=None):
     return ChoiceNotes
 
 
+DROPOUT_PARAMETERS = ("input", "p", "training", "inplace")
+
+
+def dropout_as_on_gpu(torch, names, args, kwargs):
+    """Dropout as a GPU runs it, or None to run it as it comes: `at::native::dropout`
+    (Dropout.cpp) takes the fused kernel, native_dropout, whose mask is one byte an element,
+    for a CUDA input in training with 0 < p < 1; on the meta device it would take the
+    composite path instead (a noise tensor of the input's dtype, and a multiplication).
+    The in-place form has no fused path."""
+    defaults = dict(zip(names, (None, 0.5, True, False), strict=False))
+    call = {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
+    x, p = call["input"], call["p"]
+    train = call.get("training", call.get("train"))
+    if call.get("inplace") or not train or not isinstance(x, torch.Tensor):
+        return None
+    if not (0 < p < 1) or x.numel() == 0 or x.is_nested:
+        return None
+    return torch.ops.aten.native_dropout(x, p, True)[0]
+
+
+# The memory-efficient attention kernel, with dropout and outside a CUDA graph capture,
+# returns its random seed and offset as CPU scalars (at::scalar_tensor, attention.cu), which
+# its backward reads on the host; without dropout they are empty tensors on the GPU. The meta
+# kernels make them on the input's device either way.
+HOST_WITH_DROPOUT = {
+    "aten::_scaled_dot_product_efficient_attention": ("philox_seed", "philox_offset"),
+    "aten::_efficient_attention_forward": ("philox_seed", "philox_offset"),
+}
 SDPA_PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
                    "enable_gqa")  # fmt: skip
 SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
@@ -497,6 +533,20 @@ def sdpa_as_on_gpu(torch, trace: Trace, target, func, args, kwargs):
     return aten._scaled_dot_product_efficient_attention(
         q, k, v, mask, lse, dropout, causal, scale=scale
     )[0]
+
+
+def host_outputs(func, args, kwargs) -> set:
+    """Indexes of the outputs a GPU makes on the host (HOST_WITH_DROPOUT)."""
+    names = HOST_WITH_DROPOUT.get(func._schema.name)
+    if not names:
+        return set()
+    arguments = [a.name for a in func._schema.arguments]
+    where = arguments.index("dropout_p")
+    dropout = kwargs.get("dropout_p", args[where] if len(args) > where else 0.0)
+    if not dropout:
+        return set()
+    returns = [r.name for r in func._schema.returns]
+    return {returns.index(name) for name in names}
 
 
 def make_recorder(torch):
@@ -621,14 +671,17 @@ def make_recorder(torch):
                 device = tensors[0].device if tensors else torch.device("cpu")
             with unset_fake_temporarily():
                 meta = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
-            return tree_map(
-                lambda m: (
-                    torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=device)
-                    if isinstance(m, torch.Tensor)
-                    else m
-                ),
-                meta,
-            )
+            on_host = host_outputs(func, args, kwargs)
+
+            def made(index, m):
+                if not isinstance(m, torch.Tensor):
+                    return m
+                where = torch.device("cpu") if index in on_host else device
+                return torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=where)
+
+            if isinstance(meta, tuple):
+                return tuple(made(index, m) for index, m in enumerate(meta))
+            return tree_map(lambda m: made(None, m), meta)
 
         def role(self) -> str:
             """Backward runs in autograd's own thread on a GPU: its cuBLAS handle, and

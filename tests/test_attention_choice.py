@@ -10,9 +10,9 @@ import pathlib
 import attention_choice as ac
 import pytest
 
-# The table .dev/sdpa/choice_table.py recorded on the H200, once committed: a path under runs/,
+# The table recorded on the H200 by choice_table.py (beside it under runs/): a path under runs/,
 # e.g. "runs/<stamp>-sdpa-choices/sdpa-choices.json". None: not recorded yet.
-TABLE = None
+TABLE = "runs/20261204T090000Z-sdpa-choices/sdpa-choices.json"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 B, H, L, D = 4, 12, 512, 64
@@ -208,3 +208,36 @@ def test_inference_mode_keeps_the_composite_and_unknown_gpu_is_noted():
     assert "compute capability unknown" in trace.notes["scaled_dot_product_attention"]
     trace, ops = traced(drive, None)  # no target: today's note
     assert trace.notes["scaled_dot_product_attention"].startswith("traced on the meta")
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_efficient_attention_keeps_its_dropout_seed_on_the_host(dropout):
+    """With dropout the kernel's seed and offset are CPU scalars (no device block), which its
+    backward reads on the host: a probe that made them on the GPU crashed the process."""
+
+    def drive(phase):
+        def step():
+            q, k, v = qkv(dtype=torch.float32)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+            out.sum().backward()
+
+        phase("step", step)
+
+    trace, _ = traced(drive)
+    forward = [
+        ev[1]
+        for ev in trace.events
+        if ev[0] == "op" and ev[1].name == "aten._scaled_dot_product_efficient_attention.default"
+    ]
+    assert len(forward) == 1
+    # output and logsumexp always; the seed and offset on the device only without dropout
+    assert [index for index, *_ in forward[0].outputs] == ([0, 1] if dropout else [0, 1, 2, 3])
+    backward = next(
+        s
+        for s in trace.signatures.values()
+        if s.name == "aten._scaled_dot_product_efficient_attention_backward.default"
+    )
+    places = [
+        leaf[-1] for leaf in backward.leaves if isinstance(leaf, tuple) and leaf[0] == "tensor"
+    ]
+    assert places.count("cpu") == (2 if dropout else 0)

@@ -157,12 +157,25 @@ def test_torch_nn_modules_trace_without_a_gpu(name, training, dtype):
     assert prediction.rows[-1]["peak_allocated_bytes"] > 0
 
 
+def fused_dropout(input, p=0.5, training=True, inplace=False):
+    """Dropout as at::native::dropout (Dropout.cpp) runs it for a CUDA input: the fused
+    native_dropout in training with 0 < p < 1 (not in place); the CPU takes another path."""
+    if training and not inplace and 0 < p < 1 and input.numel() > 0:
+        return torch.native_dropout(input, p, True)[0]
+    return ORIGINAL_DROPOUT(input, p, training, inplace)
+
+
+ORIGINAL_DROPOUT = torch.nn.functional.dropout
+
+
 @pytest.mark.parametrize("name", ["TransformerEncoder", "LayerNorm RMSNorm"])
-def test_the_trace_allocates_what_a_real_cpu_run_allocates(name):
+def test_the_trace_allocates_what_a_real_cpu_run_allocates(name, monkeypatch):
     """The oracle: the same protocol run for real on the CPU, recorded by the same dispatch
-    mode without fake tensors, allocates the same sizes by the same operators in order."""
+    mode without fake tensors, allocates the same sizes by the same operators in order; its
+    dropout takes the GPU's path (fused_dropout), as the meta trace stands for a GPU."""
     build = MODULES[name]
     fake = tp.run_trace(torch, "meta", protocol(build, "meta", torch.float32, True))
+    monkeypatch.setattr(torch.nn.functional, "dropout", fused_dropout)
     real = tp.run_trace(torch, "cpu", protocol(build, "cpu", torch.float32, True), fake=False)
     assert allocations(fake) == allocations(real)
     assert len(allocations(fake)) > 20
@@ -194,3 +207,23 @@ def test_recurrent_layers_traced_without_a_gpu_say_a_gpu_runs_cudnn(kind):
     kernels (other blocks): named, so the prediction is approximate whatever is calibrated."""
     trace = tp.run_trace(torch, "meta", protocol(recurrent(kind), "meta", torch.float32, True))
     assert "recurrent layers" in trace.notes
+
+
+def test_dropout_in_training_keeps_a_one_byte_mask_as_on_a_gpu():
+    """A GPU's dropout saves a bool mask for backward, not a noise tensor of the input's
+    dtype (the meta device's own path): for bfloat16 input, half the bytes."""
+
+    def drive(phase):
+        def step():
+            x = torch.randn(4, 64, 32, device="meta", dtype=torch.bfloat16, requires_grad=True)
+            nn.Dropout(0.1)(x).sum().backward()
+
+        phase("step", step)
+
+    trace = tp.run_trace(torch, "meta", drive)
+    dropouts = [e[1] for e in trace.events if e[0] == "op" and "dropout" in e[1].name]
+    assert [op.name for op in dropouts] == [
+        "aten.native_dropout.default",
+        "aten.native_dropout_backward.default",
+    ]
+    assert [size for *_, size in dropouts[0].outputs] == [4 * 64 * 32 * 2, 4 * 64 * 32]
