@@ -168,6 +168,10 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
 
     settings = transformers.AutoConfig.for_model(**hf)
     auto, kind = head_of(transformers, settings)
+    # The model's module is imported before the device context, as a user's script imports it:
+    # a tensor made at import time (torchaudio's, which transformers imports where it is
+    # installed) would otherwise be made on the GPU and held there for the whole run.
+    getattr(transformers, auto)._model_mapping[type(settings)]
     with torch.device(config.device), initialised_as_on_a_gpu(transformers, config.device):
         model = getattr(transformers, auto).from_config(settings, dtype=config.dtype)
     if checkpointing:
