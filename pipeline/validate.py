@@ -114,8 +114,22 @@ SKIPPED_SUFFIXES = {
     ".txt": "text for people: no schema",
     ".md": "text for people: no schema",
     ".gz": "an archive of raw records (traces), read by their tools: no schema",
+    ".py": "the script that wrote the files beside it, kept as it ran: no schema",
+    ".log": "what a script printed as it ran: no schema",
 }
 ARTEFACT, LOG, SKIPPED = "artefact", "log", "skipped"
+GPU_PROBE = "urn:iteragpu-lab:schema:gpu-probe:v1"
+SDPA_CHOICES = "urn:iteragpu-lab:schema:sdpa-choices:v1"
+
+
+def schema_by_place(path: Path) -> str | None:
+    """The schema of a raw record written on a GPU without a schema key, named by where it
+    lies: probes/<name>.json in a runs/<stamp>-<gpu>-probes/ folder, sdpa-choices.json."""
+    if path.parent.name == "probes" and path.parent.parent.name.endswith("-probes"):
+        return GPU_PROBE
+    if path.name == "sdpa-choices.json":
+        return SDPA_CHOICES
+    return None
 
 
 # ---------------------------------------------------------------- JSON and schemas
@@ -636,12 +650,14 @@ def read_artefact(path: Path, registry: Registry) -> Artefact:
         document = load_json(data)
     except ValueError as exc:
         return Artefact(data, None, [f"$: not valid JSON ({exc})"])
-    errors = validate_document(document, registry)
+    placed = schema_by_place(path)
+    errors = validate_document(document, registry, placed)
     if errors:
         return Artefact(data, None, errors)
-    kinds, kind = NAMED_KINDS.get(path.name, ((document["schema"],), ""))
-    if document["schema"] not in kinds:
-        errors = [f"$.schema: {document['schema']!r} is not {kind}, which {path.name} holds"]
+    named = document.get("schema", placed)
+    kinds, kind = NAMED_KINDS.get(path.name, ((named,), ""))
+    if named not in kinds:
+        errors = [f"$.schema: {named!r} is not {kind}, which {path.name} holds"]
     return Artefact(data, document, errors)
 
 

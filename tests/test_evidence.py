@@ -34,7 +34,7 @@ def test_validate_walks_the_committed_runs_and_finds_them_all_valid():
         + [f"{path}: skipped ({validate.SKIPPED_SUFFIXES[path.suffix]})" for path in skipped]
     )
     assert len(CHECKED) > 250  # the grids' points, the run folders, the sweeps, the log
-    assert {p.suffix for p in skipped} == {".png", ".txt", ".md", ".gz"}
+    assert {p.suffix for p in skipped} == {".png", ".txt", ".md", ".gz", ".py", ".log"}
 
 
 def test_every_sweep_point_is_a_run_folder_of_its_own():

@@ -754,3 +754,26 @@ def test_a_date_time_is_a_real_moment(stamp, valid):
     assert validate._is_datetime(stamp) is valid
     row = runfixtures.make_row(0) | {"measured_utc": stamp}
     assert validate.row_screen(REGISTRY)(row) is (valid and len(stamp) == 20)
+
+
+def test_a_raw_gpu_record_is_checked_by_the_schema_its_place_names(tmp_path):
+    """Probe records and the attention-kernel table carry no schema key: their folder and
+    name say which schema holds them, and a record that breaks it is invalid."""
+    probe = next(RUNS.glob("*-probes/probes/*.json"))
+    table = next(RUNS.glob("*-sdpa-choices/sdpa-choices.json"))
+    registry = validate.load_registry()
+    for source, place in ((probe, "x-h200-probes/probes/a.json"), (table, "y/sdpa-choices.json")):
+        placed = tmp_path / place
+        placed.parent.mkdir(parents=True)
+        placed.write_bytes(source.read_bytes())
+        assert validate.read_artefact(placed, registry).errors == []
+        document = json.loads(source.read_text())
+        document["seconds"] = -1
+        placed.write_text(json.dumps(document))
+        assert validate.read_artefact(placed, registry).errors != []
+        elsewhere = tmp_path / "elsewhere" / placed.name.replace("sdpa-choices", "other")
+        elsewhere.parent.mkdir(exist_ok=True)
+        elsewhere.write_bytes(source.read_bytes())
+        assert validate.read_artefact(elsewhere, registry).errors == [
+            '$: not an artefact: no "schema" key naming its schema'
+        ]
