@@ -311,10 +311,29 @@ COMMITTED = sorted(
 )
 
 
+# Grids committed with bounds broken, each with the cause found and fixed since. The count
+# is pinned, so that the evidence cannot change unseen; every other grid holds every bound.
+BROKEN_AND_FIXED = {
+    "20261203T214000Z-hf-zoo": (
+        21,
+        "its measurements hold a 512-byte block left by torchaudio's import (hf_model.build "
+        "imports the model's module first since), and its predictions the meta device's "
+        "dropout path (the trace takes the GPU's fused dropout since): "
+        "runs/20261204T093000Z-hf-zoo-fixed/ and runs/20261204T094000Z-hf-zoo-remeasured/",
+    ),
+    "20261204T100000Z-hf-zoo-repredicted": (
+        15,
+        "predicted after the dropout fix against the same measurements, which still hold "
+        "the import's 512-byte block",
+    ),
+}
+
+
 @pytest.mark.skipif(not COMMITTED, reason="no committed zoo grid summary yet")
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.parent.name)
 def test_committed_zoo_summaries_hold(path):
     summary = json.loads(path.read_text())
     assert validate.validate_document(summary, REGISTRY) == []
     assert summary["totals"]["false_exact"] == 0
-    assert summary["totals"]["bounds_broken"] == 0
+    broken, _why = BROKEN_AND_FIXED.get(path.parent.name, (0, ""))
+    assert summary["totals"]["bounds_broken"] == broken

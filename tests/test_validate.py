@@ -759,8 +759,8 @@ def test_a_date_time_is_a_real_moment(stamp, valid):
 def test_a_raw_gpu_record_is_checked_by_the_schema_its_place_names(tmp_path):
     """Probe records and the attention-kernel table carry no schema key: their folder and
     name say which schema holds them, and a record that breaks it is invalid."""
-    probe = next(RUNS.glob("*-probes/probes/*.json"))
-    table = next(RUNS.glob("*-sdpa-choices/sdpa-choices.json"))
+    probe = RUNS / "20261203T212500Z-h200-probes" / "probes" / "bert-inference-bfloat16-b2.json"
+    table = RUNS / "20261204T090000Z-sdpa-choices" / "sdpa-choices.json"
     registry = validate.load_registry()
     for source, place in ((probe, "x-h200-probes/probes/a.json"), (table, "y/sdpa-choices.json")):
         placed = tmp_path / place
