@@ -195,6 +195,19 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
         raise cli.UsageError(f"{name}: not predicted ({why}): no figure to fit; measure it instead")
     notes, approximate = [], None
     peak = prediction["largest_peak_reserved_bytes"]
+    calibration = prediction.get("calibration")
+    if calibration:
+        notes.append(
+            f"predicted for the GPU of its calibration, {calibration}; on every other model "
+            "the same peak is assumed, derived, not measured: the attention kernel PyTorch "
+            "picks there, its libraries' workspaces and (on AMD GPUs) the whole software "
+            "stack may differ"
+        )
+    else:
+        notes.append(
+            "predicted without a GPU calibration: the blocks each GPU's kernels allocate "
+            "besides their outputs are not in it, on any model"
+        )
     if prediction["status"] == "approximate":
         unknown = "; ".join(f"{entry['op']}: {entry['why']}" for entry in prediction["unknown"])
         notes.append(f"approximate, what the prediction does not know: {unknown}")

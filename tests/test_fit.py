@@ -443,7 +443,8 @@ def test_an_own_model_prediction_that_is_approximate_says_so(tmp_path, capsys):
     assert answer["peak_basis"] == "prediction"
     assert answer["peak_reserved_bytes"] == document["prediction"]["largest_peak_reserved_bytes"]
     assert answer["peak_measured_on_model"] is None
-    [note] = answer["notes"]
+    uncalibrated, note = answer["notes"]
+    assert uncalibrated.startswith("predicted without a GPU calibration")
     first = document["prediction"]["unknown"][0]
     assert note.startswith(
         f"approximate, what the prediction does not know: {first['op']}: {first['why']}"
@@ -530,4 +531,19 @@ def test_an_approximate_prediction_says_so_in_the_headline(tmp_path):
     assert (
         "  APPROXIMATE: the peak is a prediction that is not exact (it leaves out the cuBLAS"
         in (text)
+    )
+
+
+def test_a_prediction_for_a_gpu_says_the_other_models_are_derived(tmp_path, capsys):
+    """A prediction made with a GPU's calibration is that GPU's; fit says the peak on every
+    other model is derived from it, not measured."""
+    source = ROOT / "runs" / "20261203T214000Z-hf-zoo" / "builtins" / "cpu" / "linear-fp32.json"
+    answer = fit_answer(capsys, str(source), "--days", "3", "--runs-dir", str(tmp_path))
+    assert answer["peak_basis"] == "prediction"
+    assert answer["peak_measured_on_model"] is None
+    [note] = answer["notes"]
+    assert note.startswith(
+        "predicted for the GPU of its calibration, nvidia-h200-torch-2.11.0+cu130.json "
+        "(sha256 11ef767d5f3f655e; NVIDIA H200, torch 2.11.0+cu130); on every other model "
+        "the same peak is assumed, derived, not measured"
     )
