@@ -57,6 +57,7 @@ class Need:
     notes: tuple[str, ...] = ()
     record: tuple[Path, Record] | None = None  # the memory PyTorch reported there
     approximate: str | None = None  # what a prediction leaves out, when it is not exact
+    point_bytes: int | None = None  # an approximate prediction's own figure, sized by its bound
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
     if prediction["status"] == "not predicted":
         why = prediction.get("reason", "the trace could not follow the code")
         raise cli.UsageError(f"{name}: not predicted ({why}): no figure to fit; measure it instead")
-    notes, approximate = [], None
+    notes, approximate, point = [], None, None
     peak = prediction["largest_peak_reserved_bytes"]
     calibration = prediction.get("calibration")
     if calibration:
@@ -221,7 +222,7 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
                 f"; sized by its upper bound, {upper:,} B (predicted {peak:,} B, at least "
                 f"{lower:,} B)"
             )
-            peak = upper
+            point, peak = peak, upper
         elif "unbounded" in prediction:
             approximate += f"; {prediction['unbounded']}"
     return Need(
@@ -232,6 +233,7 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
         gpu_name=None,
         notes=tuple(notes),
         approximate=approximate,
+        point_bytes=point,
     )
 
 
@@ -472,6 +474,7 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
         "peak_reserved_bytes": need.peak_reserved_bytes,
         "peak_basis": need.basis,
         "approximate": need.approximate,
+        "if_the_prediction_holds": point_answer(need.point_bytes, rows, memory),
         "margin_bytes": margin_bytes(need.peak_reserved_bytes),
         # the one model on which the answer is a measurement; on every other, a prediction
         "peak_measured_on_model": memory_name(need.gpu_name) if need.basis == "measured" else None,
@@ -503,6 +506,21 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
         "tariffs_file": catalogue["file"],
         "tariffs_sha256": catalogue["sha256"],
         "rows": rows,
+    }
+
+
+def point_answer(point: int | None, rows: list[dict], memory: dict) -> dict | None:
+    """Where a prediction is sized by its upper bound: the cheapest model that would hold the
+    prediction's own figure, shown beside the answer, never as it."""
+    if point is None:
+        return None
+    holding = [r for r in rows if point <= memory[r["gpu"]].usable_bytes]
+    best = min(holding, key=lambda r: (r["total_cents"], r["gpu"]), default=None)
+    return {
+        "peak_reserved_bytes": point,
+        "gpu": best and best["gpu"],
+        "gpus_per_lot": best and best["gpus_per_lot"],
+        "total_cents": best and best["total_cents"],
     }
 
 
@@ -565,6 +583,18 @@ def headline(result: dict) -> list[str]:
         lines.append(
             f"  APPROXIMATE: the peak is a prediction that is not exact ({result['approximate']}):"
             " measure it before you rent"
+        )
+    point = result.get("if_the_prediction_holds")
+    if point is not None:
+        figure = f"{gib_up(point['peak_reserved_bytes'])} GiB"
+        lines.append(
+            f"  if the prediction itself holds ({figure}, not a bound): "
+            + (
+                f"{point['gpu']} ({lot_text(point)}), "
+                f"{calcul_forfaits.dollars(point['total_cents'])}"
+                if point["gpu"]
+                else "no model holds it on one GPU"
+            )
         )
     return lines
 

@@ -547,3 +547,27 @@ def test_a_prediction_for_a_gpu_says_the_other_models_are_derived(tmp_path, caps
         "(sha256 11ef767d5f3f655e; NVIDIA H200, torch 2.11.0+cu130); on every other model "
         "the same peak is assumed, derived, not measured"
     )
+
+
+def test_a_bounded_prediction_is_sized_by_its_upper_bound_and_shows_its_own_figure(
+    tmp_path, capsys
+):
+    """The answer holds the upper bound; beside it, never as it, the cheapest model that
+    would hold the prediction's own figure (a Llama-3.1-8B LoRA step, predicted for the H200,
+    which measured it equal to the byte)."""
+    source = (
+        RUNS / "20261204T100000Z-hf-zoo-repredicted" / "cpu" / "llama-3.1-8b-lora-b2-s2048.json"
+    )
+    answer = fit_answer(capsys, str(source), "--days", "3", "--runs-dir", str(tmp_path))
+    assert answer["peak_reserved_bytes"] == 96_198_459_392  # the largest upper bound
+    point = answer["if_the_prediction_holds"]
+    assert point["peak_reserved_bytes"] == 46_605_008_896  # the prediction's own peak
+    held = [row for row in answer["rows"] if row["usable_memory_bytes"] >= 46_605_008_896]
+    cheapest = min(held, key=lambda row: (row["total_cents"], row["gpu"]))
+    assert (point["gpu"], point["total_cents"]) == (cheapest["gpu"], cheapest["total_cents"])
+    assert answer["rows"][0]["gpu"] != point["gpu"]  # the bound asks for more
+    assert fit.main([str(source), "--days", "3", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"  if the prediction itself holds (43.41 GiB, not a bound): {point['gpu']} (1 GPU)" in out
+    )
