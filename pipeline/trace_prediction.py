@@ -576,6 +576,7 @@ def make_recorder(torch):
             self.scan = FREE_DETECTION == "scan"
             self.reported: list = []  # weak pointers whose storage's Python object went
             self.suspects: set = set()  # reported while their storage still lived
+            self.specs: dict = {}  # shape of the arguments (make_flatten) -> TreeSpec, text
             self.freed_early: set = set()
             self.ids = itertools.count()
             self.target = torch.device(tracer.trace.device)
@@ -712,9 +713,9 @@ def make_recorder(torch):
             return AUTOGRAD if torch._C._current_autograd_node() is not None else CALLER
 
         def record(self, func, args, kwargs, out) -> None:
-            leaves = flatten((args, kwargs))
+            leaves, shape = flatten((args, kwargs))
             inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
-            flat = flatten(out)
+            flat = flatten(out)[0]
             tensors = [x for x in flat if isinstance(x, torch.Tensor)]
             mutable = func._schema.is_mutable
             if not any(self.on_target(t) for t in inputs + tensors):
@@ -730,9 +731,14 @@ def make_recorder(torch):
                     new = self.track(tensor)
                     if new is not None:
                         outputs.append((index, *new))
-            spec = tree_flatten((args, kwargs))[1]
+            spec, spec_text = self.specs.get(shape) or (None, None)
+            if spec is None:
+                spec = tree_flatten((args, kwargs))[1]
+                spec_text = str(spec)
+                if shape is not None:
+                    self.specs[shape] = spec, spec_text
             described = [describe(torch, x, self.target) for x in leaves]
-            text = f"{name}|{described!r}|{spec}"
+            text = f"{name}|{described!r}|{spec_text}"
             key = signature_id(text)
             signatures = self.tracer.trace.signatures
             entry = signatures.get(key)
@@ -836,10 +842,12 @@ def make_recorder(torch):
 
 
 def make_flatten(torch):
-    """tree -> torch.utils._pytree.tree_flatten(tree)[0], twice per operator call: the
-    common trees (tuples, lists and dicts of tensors, numbers, None, dtypes, devices) read
-    here, a tenth of pytree's time; any other type of node or leaf sends the whole tree to
-    pytree."""
+    """tree -> (torch.utils._pytree.tree_flatten(tree)[0], its shape), twice per operator
+    call: the common trees (tuples, lists and dicts of tensors, numbers, None, dtypes,
+    devices) read here, a tenth of pytree's time; any other type of node or leaf sends the
+    whole tree to pytree, and its shape is None. The shape, hashable, is equal for two trees
+    exactly where pytree's TreeSpecs are: the recorder makes a TreeSpec, and its text, once
+    per shape."""
     from torch.utils import _pytree as pytree
 
     containers = {tuple: tuple, list: list, dict: dict}
@@ -864,23 +872,26 @@ def make_flatten(torch):
     class Other(Exception):
         pass
 
-    def walk(tree, leaves: list) -> None:
-        found = kinds.get(type(tree)) or kind(type(tree))
+    def walk(tree, leaves: list):
+        cls = type(tree)
+        found = kinds.get(cls) or kind(cls)
         if found == "leaf":
             leaves.append(tree)
-        elif found == "node":
-            for child in tree.values() if type(tree) is dict else tree:
-                walk(child, leaves)
-        else:
+            return None
+        if found != "node":
             raise Other
+        if cls is dict:  # pytree's context: the keys, in order (typed: 1 and True differ)
+            keys = tuple((type(key), key) for key in tree)
+            return cls, keys, tuple([walk(child, leaves) for child in tree.values()])
+        return cls, tuple([walk(child, leaves) for child in tree])
 
-    def flatten(tree) -> list:
+    def flatten(tree) -> tuple:
         leaves: list = []
         try:
-            walk(tree, leaves)
+            shape = walk(tree, leaves)
         except Other:
-            return pytree.tree_flatten(tree)[0]
-        return leaves
+            return pytree.tree_flatten(tree)[0], None
+        return leaves, shape
 
     return flatten
 

@@ -5,6 +5,7 @@ them, and compares whole estimates)."""
 from __future__ import annotations
 
 import collections
+import itertools
 
 import mesure_memoire as mm
 import pytest
@@ -134,9 +135,30 @@ def test_the_quick_flatten_gives_pytrees_leaves(tree):
 
     flatten = tp.make_flatten(torch)
     expected = tree_flatten(tree)[0]
-    leaves = flatten(tree)
+    leaves = flatten(tree)[0]
     assert len(leaves) == len(expected)
     assert all(a is b or a == b for a, b in zip(leaves, expected, strict=True))
+
+
+def test_two_trees_have_one_shape_where_pytree_gives_one_spec():
+    """The recorder keeps one TreeSpec per shape: its text is in each signature's hash."""
+    from torch.utils._pytree import tree_flatten
+
+    t = torch.empty(1)
+    trees = [
+        ((t, 1), {}), ((t, 1.5), {}), ((t, None), {}), ((t, [1, 2]), {}), ((t, (1, 2)), {}),
+        ((t, [1]), {}), ((t,), {"dim": 1}), ((t,), {"dim": [1]}), ((t,), {"keepdim": 1}),
+        ((t,), {"dim": 1, "keepdim": True}), ((t,), {"keepdim": True, "dim": 1}),
+        (({1: t},), {}), (({True: t},), {}), (({"1": t},), {}), ((t, 1), {}), ((t, [[]]), {}),
+        ((t, []), {}), ((t, ()), {}), ((t, {}), {}),
+    ]  # fmt: skip
+    flatten = tp.make_flatten(torch)
+    shapes = [flatten(tree)[1] for tree in trees]
+    texts = [str(tree_flatten(tree)[1]) for tree in trees]
+    assert None not in shapes
+    for i, j in itertools.combinations(range(len(trees)), 2):
+        assert (shapes[i] == shapes[j]) == (texts[i] == texts[j]), (trees[i], trees[j])
+    assert flatten((torch.Size([2]),))[1] is None  # pytree's own: no shape
 
 
 def protocol(device: str):
