@@ -32,12 +32,14 @@ Standard library at module level: torch is imported by the functions that need i
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import itertools
 import math
 import os
 import random
+import weakref
 
 import mesure_memoire
 
@@ -549,6 +551,13 @@ def host_outputs(func, args, kwargs) -> set:
     return {returns.index(name) for name in names}
 
 
+# How the recorder learns that a storage's last reference went: "callback", a weak reference
+# to the storage's Python object, which PyTorch keeps as long as the storage lives and drops
+# with it; "scan", every live storage asked at every operator (quadratic in the trace's
+# length; kept as the oracle the tests compare the callbacks with).
+FREE_DETECTION = "callback"
+
+
 def make_recorder(torch):
     """The dispatch mode class (it needs torch to exist, so it is made on demand)."""
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -556,13 +565,18 @@ def make_recorder(torch):
     from torch.utils._pytree import tree_flatten, tree_map
 
     seeded = torch.Tag.nondeterministic_seeded
+    flatten = make_flatten(torch)
 
     class Recorder(TorchDispatchMode):
         def __init__(self, tracer: Tracer) -> None:
             super().__init__()
             self.tracer = tracer
             self.events = tracer.trace.events
-            self.live: dict = {}  # weak pointer -> (StorageWeakRef, bytes, storage id)
+            self.live: dict = {}  # weak pointer -> (StorageWeakRef, bytes, storage id, watch)
+            self.scan = FREE_DETECTION == "scan"
+            self.reported: list = []  # weak pointers whose storage's Python object went
+            self.suspects: set = set()  # reported while their storage still lived
+            self.specs: dict = {}  # shape of the arguments (make_flatten) -> TreeSpec, text
             self.freed_early: set = set()
             self.ids = itertools.count()
             self.target = torch.device(tracer.trace.device)
@@ -576,10 +590,20 @@ def make_recorder(torch):
 
         def poll(self) -> None:
             """Storages whose last reference went since the last operator: freed, now."""
-            # Every live storage is asked at every operator: the C function itself, not
-            # StorageWeakRef.expired's three Python calls (the 8B trace asks millions of times).
             expired = torch.UntypedStorage._expired
-            dead = [key for key in self.live if expired(key)]
+            if self.scan:
+                dead = [key for key in self.live if expired(key)]
+            else:
+                # Only those a callback reported (`watch`), each asked whether its storage is
+                # gone indeed, as a scan would ask it; one still alive is asked again at
+                # every poll until it is.
+                candidates = self.suspects
+                if self.reported:
+                    candidates = candidates.union(self.reported)
+                    self.reported.clear()
+                dead = [key for key in candidates if expired(key)]
+                if candidates:
+                    self.suspects = candidates.difference(dead)
             pending, self.pending_in_place = self.pending_in_place, None
             for sid in sorted(self.live.pop(key)[2] for key in dead):  # in a stable order
                 if pending is not None and sid == pending[1]:
@@ -689,8 +713,9 @@ def make_recorder(torch):
             return AUTOGRAD if torch._C._current_autograd_node() is not None else CALLER
 
         def record(self, func, args, kwargs, out) -> None:
-            inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-            flat = tree_flatten(out)[0]
+            leaves, shape = flatten((args, kwargs))
+            inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
+            flat = flatten(out)[0]
             tensors = [x for x in flat if isinstance(x, torch.Tensor)]
             mutable = func._schema.is_mutable
             if not any(self.on_target(t) for t in inputs + tensors):
@@ -706,9 +731,14 @@ def make_recorder(torch):
                     new = self.track(tensor)
                     if new is not None:
                         outputs.append((index, *new))
-            leaves, spec = tree_flatten((args, kwargs))
+            spec, spec_text = self.specs.get(shape) or (None, None)
+            if spec is None:
+                spec = tree_flatten((args, kwargs))[1]
+                spec_text = str(spec)
+                if shape is not None:
+                    self.specs[shape] = spec, spec_text
             described = [describe(torch, x, self.target) for x in leaves]
-            text = f"{name}|{described!r}|{spec}"
+            text = f"{name}|{described!r}|{spec_text}"
             key = signature_id(text)
             signatures = self.tracer.trace.signatures
             entry = signatures.get(key)
@@ -778,12 +808,20 @@ def make_recorder(torch):
             entry = self.live.get(ref.cdata)
             if entry is None:
                 sid = next(self.ids)
-                self.live[ref.cdata] = (ref, storage.nbytes(), sid)
+                self.live[ref.cdata] = (ref, storage.nbytes(), sid, self.watch(storage, ref.cdata))
                 return sid, storage.nbytes()
             if storage.nbytes() != entry[1]:  # resized in place: a new block, the old freed
-                self.live[ref.cdata] = (entry[0], storage.nbytes(), entry[2])
+                self.live[ref.cdata] = (entry[0], storage.nbytes(), entry[2], entry[3])
                 self.events.append(("resize", entry[2], storage.nbytes()))
             return None
+
+        def watch(self, storage, key: int):
+            """A weak reference to the storage's Python object that reports `key` when the
+            object goes: PyTorch keeps that object alive with the storage (it is the same one
+            whichever tensor asks), so it goes when the storage's last reference does."""
+            if self.scan:
+                return None
+            return weakref.ref(storage, lambda _, key=key: self.reported.append(key))
 
         def unseen(self, tensor, name: str) -> None:
             """A device storage no operator returned (made outside the dispatcher): allocated
@@ -801,6 +839,61 @@ def make_recorder(torch):
             )
 
     return Recorder
+
+
+def make_flatten(torch):
+    """tree -> (torch.utils._pytree.tree_flatten(tree)[0], its shape), twice per operator
+    call: the common trees (tuples, lists and dicts of tensors, numbers, None, dtypes,
+    devices) read here, a tenth of pytree's time; any other type of node or leaf sends the
+    whole tree to pytree, and its shape is None. The shape, hashable, is equal for two trees
+    exactly where pytree's TreeSpecs are: the recorder makes a TreeSpec, and its text, once
+    per shape."""
+    from torch.utils import _pytree as pytree
+
+    containers = {tuple: tuple, list: list, dict: dict}
+    leaf_types = (int, float, bool, complex, str, type(None), torch.dtype, torch.device,
+                  torch.layout, torch.memory_format)  # fmt: skip
+    kinds: dict = {}  # type -> "node", "leaf" or "other", as pytree sees it
+
+    def kind(cls) -> str:
+        found = kinds.get(cls)
+        if found is None:
+            if cls in containers and cls in pytree.SUPPORTED_NODES:
+                found = "node"
+            elif cls in pytree.SUPPORTED_NODES or pytree.is_namedtuple_class(cls):
+                found = "other"
+            elif cls in leaf_types or issubclass(cls, torch.Tensor):
+                found = "leaf"
+            else:
+                found = "other"
+            kinds[cls] = found
+        return found
+
+    class Other(Exception):
+        pass
+
+    def walk(tree, leaves: list):
+        cls = type(tree)
+        found = kinds.get(cls) or kind(cls)
+        if found == "leaf":
+            leaves.append(tree)
+            return None
+        if found != "node":
+            raise Other
+        if cls is dict:  # pytree's context: the keys, in order (typed: 1 and True differ)
+            keys = tuple((type(key), key) for key in tree)
+            return cls, keys, tuple([walk(child, leaves) for child in tree.values()])
+        return cls, tuple([walk(child, leaves) for child in tree])
+
+    def flatten(tree) -> tuple:
+        leaves: list = []
+        try:
+            shape = walk(tree, leaves)
+        except Other:
+            return pytree.tree_flatten(tree)[0], None
+        return leaves, shape
+
+    return flatten
 
 
 def dense(tensor) -> bool:
@@ -1191,9 +1284,10 @@ def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
     """The six counters of every traced phase, and how far they can be trusted."""
     if trace.stopped is not None:
         return Prediction(NOT_PREDICTED, [], [], [], reason=trace.stopped)
-    rows, log, mismatches, per_thread_used = replay(trace, calibration)
+    allocator = IndexedAllocator()
+    rows, log, mismatches, per_thread_used = replay(trace, calibration, allocator=allocator)
     unknown = assess(trace, calibration, mismatches, per_thread_used)
-    spread = address_order_spread(trace, calibration, rows)
+    spread = address_order_spread(trace, calibration, rows, allocator.address_choice)
     if any(spread.values()):
         unknown.append({"op": ADDRESS_ORDER, "calls": 0, "why": address_order_why(spread)})
     prediction = Prediction(
@@ -1222,12 +1316,15 @@ OTHER_ADDRESS_ORDERS = (lambda: lambda n: -n, *(lambda s=s: shuffled(s) for s in
 ADDRESS_ORDER = "segment address order"
 
 
-def address_order_spread(trace: Trace, calibration, rows: list[dict]) -> dict:
+def address_order_spread(
+    trace: Trace, calibration, rows: list[dict], address_choice: bool = True
+) -> dict:
     """Per counter, the largest difference from `rows` over the replays under other orders
     of the segments' addresses. Zero everywhere: the order, which only the driver knows,
-    does not matter to this workload."""
+    does not matter to this workload. Without an `address_choice` in the replay of `rows`
+    (IndexedAllocator), every other order makes the same choices: zero, without replaying."""
     spread = dict.fromkeys(mesure_memoire.COUNTER_KEYS, 0)
-    for order in OTHER_ADDRESS_ORDERS:
+    for order in OTHER_ADDRESS_ORDERS if address_choice else ():
         other = replay(trace, calibration, order())[0]
         for row, alternative in zip(rows, other, strict=True):
             for key in spread:
@@ -1246,7 +1343,110 @@ def address_order_why(spread: dict) -> str:
     )
 
 
-class RankedSegments(mesure_memoire.AllocatorModel):
+class IndexedAllocator(mesure_memoire.AllocatorModel):
+    """mesure_memoire.AllocatorModel, choice for choice and counter for counter, with its
+    free blocks kept sorted by (size, address, when freed) in one list per pool: the model
+    scans every free block at every allocation, which an 8B-class trace, replayed ten times,
+    asks a few hundred thousand times. The third key, a count, keeps the keys distinct (two
+    segments of one rank would give blocks of one size and address), so that blocks
+    themselves are never compared.
+
+    It also notes whether any allocation chose among free blocks of its size in different
+    segments (`address_choice`): if none did, no order of the segments' addresses can change
+    a choice, and so no counter (`address_order_spread`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pools: dict = {False: [], True: []}  # small -> sorted [(size, address, n, block)]
+        self.listed = itertools.count()
+        self.made = itertools.count()  # segments, for address_choice
+        self.address_choice = False
+
+    def _list(self, block: dict) -> None:
+        block["key"] = key = (block["size"], block["address"], next(self.listed), block)
+        bisect.insort(self.pools[block["small"]], key)
+
+    def _unlist(self, block: dict) -> None:
+        pool = self.pools[block["small"]]
+        del pool[bisect.bisect_left(pool, block["key"])]
+
+    def malloc(self, nbytes: int):
+        if nbytes == 0:
+            return None  # an empty tensor takes no block
+        min_block = mesure_memoire.MIN_BLOCK
+        size = max(min_block, -(-nbytes // min_block) * min_block)
+        small = size <= mesure_memoire.SMALL_SIZE
+        pool = self.pools[small]
+        at = bisect.bisect_left(pool, (size,))
+        if at < len(pool):
+            block = pool.pop(at)[3]
+            if not self.address_choice:
+                for other in itertools.islice(pool, at, None):
+                    if other[0] != block["size"]:
+                        break
+                    if other[3]["segment"] != block["segment"]:
+                        self.address_choice = True
+                        break
+        else:
+            if small:
+                segment = mesure_memoire.SMALL_SEGMENT
+            elif size < mesure_memoire.MIN_LARGE_ALLOC:
+                segment = mesure_memoire.LARGE_SEGMENT
+            else:
+                segment = -(-size // mesure_memoire.ROUND_LARGE) * mesure_memoire.ROUND_LARGE
+            block = {
+                "address": self.next_address,
+                "size": segment,
+                "small": small,
+                "prev": None,
+                "next": None,
+                "allocated": False,
+                "segment": next(self.made),
+            }
+            self.next_address += segment + mesure_memoire.ROUND_LARGE  # segments never touch
+            self.reserved += segment
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+        rest = block["size"] - size
+        if rest >= min_block if small else rest > mesure_memoire.SMALL_SIZE:
+            tail = {
+                "address": block["address"] + size,
+                "size": rest,
+                "small": small,
+                "prev": block,
+                "next": block["next"],
+                "allocated": False,
+                "segment": block["segment"],
+            }
+            if block["next"] is not None:
+                block["next"]["prev"] = tail
+            block["next"], block["size"] = tail, size
+            self._list(tail)
+        block["allocated"] = True
+        self.allocated += block["size"]
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block
+
+    def free(self, block) -> None:
+        if block is None:
+            return
+        block["allocated"] = False
+        self.allocated -= block["size"]
+        for neighbour in (block["prev"], block["next"]):
+            if neighbour is not None and not neighbour["allocated"]:
+                self._unlist(neighbour)
+                if neighbour is block["prev"]:
+                    block["address"], block["prev"] = neighbour["address"], neighbour["prev"]
+                    if neighbour["prev"] is not None:
+                        neighbour["prev"]["next"] = block
+                else:
+                    block["next"] = neighbour["next"]
+                    if neighbour["next"] is not None:
+                        neighbour["next"]["prev"] = block
+                block["size"] += neighbour["size"]
+        self._list(block)
+
+
+class RankedSegments(IndexedAllocator):
     """The allocator model with the n-th segment it creates (from 0) at rank segment_rank(n)
     among the segments' addresses. Among free blocks of one size the allocator takes the
     lowest address; inside a segment that order is known, between segments it is the
@@ -1268,13 +1468,19 @@ class RankedSegments(mesure_memoire.AllocatorModel):
         return block
 
 
-def replay(trace: Trace, calibration: Calibration | None, segment_rank=None, scenario=None):
+def replay(
+    trace: Trace,
+    calibration: Calibration | None,
+    segment_rank=None,
+    scenario=None,
+    allocator: IndexedAllocator | None = None,
+):
     """Returns (rows, log, mismatches, whether autograd's thread used kept blocks); with
     `segment_rank`, under that order of the segments' addresses (RankedSegments); with
-    `scenario` (Scenario), the least or the most the unknowns can take (`bounds`)."""
-    allocator = (
-        mesure_memoire.AllocatorModel() if segment_rank is None else RankedSegments(segment_rank)
-    )
+    `scenario` (Scenario), the least or the most the unknowns can take (`bounds`). An
+    `allocator` given (a fresh one) is the one replayed through, for its `address_choice`."""
+    if allocator is None:
+        allocator = IndexedAllocator() if segment_rank is None else RankedSegments(segment_rank)
     blocks: dict = {}  # storage id -> block
     kept: set = set()  # the persistent blocks already allocated, by thread and size
     per_thread = calibration is None or calibration.workspaces_per_thread is not False
@@ -1289,6 +1495,7 @@ def replay(trace: Trace, calibration: Calibration | None, segment_rank=None, sce
     mismatches: dict = {}
     autograd_kept = False
     row: dict = {}
+    templates: dict = {}  # signature -> its template: a pattern's lookup is not free
 
     def malloc(nbytes: int, what: str):
         log.append(("alloc", nbytes, what))
@@ -1345,11 +1552,13 @@ def replay(trace: Trace, calibration: Calibration | None, segment_rank=None, sce
                 blocks[sid] = blocks[op.reuses]
                 sharing[id(blocks[sid])] = sharing.get(id(blocks[sid]), 1) + 1
                 continue
-            template = (
-                calibration.template(op.signature, trace.signatures.get(op.signature))
-                if calibration
-                else None
-            )
+            template = None
+            if calibration:
+                template = templates.get(op.signature, templates)
+                if template is templates:
+                    template = templates[op.signature] = calibration.template(
+                        op.signature, trace.signatures.get(op.signature)
+                    )
             uncertain = scenario is not None and op.signature in scenario.uncertain
             if uncertain and template is not None and not scenario.upper:
                 template = [step for step in template if step[0] == "output"]

@@ -1,0 +1,263 @@
+"""What makes the GPU-free estimate fast must not move it: each shortcut in
+trace_prediction held to the plain way it replaces (tests/benchmarks/estimate_speed.py times
+them, and compares whole estimates)."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import mesure_memoire as mm
+import pytest
+import trace_prediction as tp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+
+MIB = 2**20
+# Sizes that collide often (choices between free blocks of one size) in both pools.
+SIZES = st.sampled_from([512, 1000, 4096, MIB, MIB + 1, 3 * MIB, 4 * MIB, 12 * MIB, 22 * MIB])
+STEPS = st.lists(st.tuples(st.booleans(), SIZES, st.integers(0, 2**16)), max_size=80)
+
+
+class PlainRanked(mm.AllocatorModel):
+    """RankedSegments on the plain model: the oracle for the indexed one."""
+
+    def __init__(self, segment_rank) -> None:
+        super().__init__()
+        self.segment_rank, self.segments = segment_rank, 0
+
+    def malloc(self, nbytes: int):
+        reserved = self.reserved
+        self.next_address = self.segment_rank(self.segments) * tp.RankedSegments.SPAN
+        block = super().malloc(nbytes)
+        self.segments += self.reserved != reserved
+        return block
+
+
+def run(allocator, steps) -> list:
+    """Each step's choice (the block's address and size) and the four counters."""
+    live, seen = [], []
+    for is_malloc, nbytes, pick in steps:
+        if is_malloc or not live:
+            block = allocator.malloc(nbytes)
+            live.append(block)
+            where = None if block is None else (block["address"], block["size"])
+        else:
+            allocator.free(live.pop(pick % len(live)))
+            where = None
+        counters = (allocator.allocated, allocator.reserved)
+        seen.append((where, *counters, allocator.peak_allocated, allocator.peak_reserved))
+    return seen
+
+
+@settings(max_examples=300, deadline=None)
+@given(STEPS, st.sampled_from(["plain", "reversed", "shuffled"]))
+def test_the_indexed_allocator_makes_the_models_choices(steps, order):
+    """Block for block and counter for counter, under the orders predict() replays."""
+    rank = {"reversed": lambda: lambda n: -n, "shuffled": lambda: tp.shuffled(3)}.get(order)
+    if rank is None:
+        assert run(tp.IndexedAllocator(), steps) == run(mm.AllocatorModel(), steps)
+    else:
+        assert run(tp.RankedSegments(rank()), steps) == run(PlainRanked(rank()), steps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(STEPS)
+def test_without_a_choice_between_segments_no_order_moves_a_counter(steps):
+    """address_choice False: the replay under any other order makes the same choices, the
+    ground on which predict() skips those replays."""
+    plain = tp.IndexedAllocator()
+    counters = [step[1:] for step in run(plain, steps)]
+    others = [
+        [step[1:] for step in run(PlainRanked(order()), steps)] for order in tp.OTHER_ADDRESS_ORDERS
+    ]
+    if not plain.address_choice:
+        assert all(other == counters for other in others)
+    if any(other != counters for other in others):
+        assert plain.address_choice
+
+
+def test_a_choice_is_only_between_blocks_of_one_size_in_different_segments():
+    two = tp.IndexedAllocator()
+    p, _ = two.malloc(4 * MIB), two.malloc(16 * MIB)  # segment 0, full
+    r, _ = two.malloc(4 * MIB), two.malloc(16 * MIB)  # segment 1, full
+    two.free(p)
+    two.free(r)
+    two.malloc(4 * MIB)
+    assert two.address_choice
+    one = tp.IndexedAllocator()
+    a, _, c, _ = (one.malloc(4 * MIB) for _ in range(4))  # one 20 MiB segment
+    one.free(a)
+    one.free(c)
+    one.malloc(4 * MIB)  # two 4 MiB blocks, one segment: their order is known
+    one.malloc(3 * MIB)  # the other 4 MiB block, the only one left of its size
+    assert not one.address_choice
+
+
+def test_predict_replays_other_orders_only_when_a_choice_was_made(monkeypatch):
+    replays = collections.Counter()
+    original = tp.replay
+
+    def counted(trace, calibration, segment_rank=None, **kwargs):
+        replays[segment_rank is not None] += 1
+        return original(trace, calibration, segment_rank, **kwargs)
+
+    monkeypatch.setattr(tp, "replay", counted)
+    trace = tp.Trace(device="meta", build="cpu-only", torch_version="")
+    trace.events += [("start", "one", None, 1), ("unseen", 0, 4 * MIB), ("end",)]
+    assert tp.predict(trace).status == tp.EXACT
+    assert replays == {False: 1}
+
+
+class Registered(collections.namedtuple("Registered", "a b")):
+    pass
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        None,
+        3,
+        ((1, 2.5, None), {"dim": [0, 1], "keepdim": True, "dtype": torch.bfloat16}),
+        ([torch.empty(2), torch.empty(3)], {"device": torch.device("cpu")}),
+        ((torch.Size([2, 3]), [4]), {}),  # torch.Size is a pytree node
+        (collections.OrderedDict(b=1, a=torch.empty(1)),),
+        (Registered(torch.empty(1), [2, 3]), {"x": (torch.contiguous_format,)}),
+        ({"b": 1, "a": [2, {"c": 3, "d": 4}]},),
+        (object(), [1]),
+    ],
+)
+def test_the_quick_flatten_gives_pytrees_leaves(tree):
+    from torch.utils._pytree import tree_flatten
+
+    flatten = tp.make_flatten(torch)
+    expected = tree_flatten(tree)[0]
+    leaves = flatten(tree)[0]
+    assert len(leaves) == len(expected)
+    assert all(a is b or a == b for a, b in zip(leaves, expected, strict=True))
+
+
+def test_two_trees_have_one_shape_where_pytree_gives_one_spec():
+    """The recorder keeps one TreeSpec per shape: its text is in each signature's hash."""
+    from torch.utils._pytree import tree_flatten
+
+    t = torch.empty(1)
+    trees = [
+        ((t, 1), {}), ((t, 1.5), {}), ((t, None), {}), ((t, [1, 2]), {}), ((t, (1, 2)), {}),
+        ((t, [1]), {}), ((t,), {"dim": 1}), ((t,), {"dim": [1]}), ((t,), {"keepdim": 1}),
+        ((t,), {"dim": 1, "keepdim": True}), ((t,), {"keepdim": True, "dim": 1}),
+        (({1: t},), {}), (({True: t},), {}), (({"1": t},), {}), ((t, 1), {}), ((t, [[]]), {}),
+        ((t, []), {}), ((t, ()), {}), ((t, {}), {}),
+    ]  # fmt: skip
+    flatten = tp.make_flatten(torch)
+    shapes = [flatten(tree)[1] for tree in trees]
+    texts = [str(tree_flatten(tree)[1]) for tree in trees]
+    assert None not in shapes
+    for i, j in itertools.combinations(range(len(trees)), 2):
+        assert (shapes[i] == shapes[j]) == (texts[i] == texts[j]), (trees[i], trees[j])
+    assert flatten((torch.Size([2]),))[1] is None  # pytree's own: no shape
+
+
+def protocol(device: str):
+    """Training with views, in-place updates, a gradient summed from two uses, a dtype change
+    (fake parameters are swapped), dropout, attention and an optimizer: storages that die
+    at every kind of place."""
+
+    def drive(phase):
+        def load():
+            model = torch.nn.ModuleDict(
+                {
+                    "embed": torch.nn.Embedding(32, 16, device=device),
+                    "attention": torch.nn.MultiheadAttention(16, 2, batch_first=True),
+                    "norm": torch.nn.LayerNorm(16, device=device),
+                    "out": torch.nn.Linear(16, 32, device=device),
+                }
+            ).to(device)
+            model.to(torch.float64).to(torch.float32)
+            return model, torch.optim.AdamW(model.parameters(), foreach=True)
+
+        _, (model, optimizer) = phase("model_load", load)
+        _, x = phase("inputs", lambda: torch.zeros(2, 6, dtype=torch.long, device=device))
+
+        def step():
+            optimizer.zero_grad()
+            h = model["embed"](x)
+            a, _ = model["attention"](h, h, h, need_weights=False)
+            h = model["norm"](torch.nn.functional.dropout(a + h, 0.1) + h[:, :1])
+            loss = model["out"](h).transpose(0, 1)[1:].float().square().mean()
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        for name in ("cold_step", "warm_step"):
+            phase(name, step)
+
+    return drive
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_the_storage_callbacks_report_the_frees_a_scan_finds(monkeypatch, device):
+    """Every event, frees included and in the same order, whether the recorder learns of a
+    storage's end by its callback or asks every live storage at every operator."""
+    traces = {}
+    for mode in ("scan", "callback"):
+        monkeypatch.setattr(tp, "FREE_DETECTION", mode)
+        torch.manual_seed(0)
+        traces[mode] = tp.run_trace(torch, device, protocol(device), fake=device == "meta")
+    scan, callback = traces["scan"], traces["callback"]
+    assert scan.stopped is None
+    frees = [event for event in scan.events if event[0] == "free"]
+    assert len(frees) > 100
+    assert callback.events == scan.events
+    assert callback.signatures.keys() == scan.signatures.keys()
+    assert tp.predict(callback).rows == tp.predict(scan).rows
+
+
+def test_a_storage_reported_while_it_lives_is_freed_when_it_goes(monkeypatch):
+    """A report whose storage still lives (its Python object went first, with no callback
+    to come) is asked again at every operator until the storage goes, as a scan would."""
+
+    def drive(phase):
+        recorder = phase.__self__.recorder
+
+        def run():
+            x = torch.ones(4, device="meta")
+            key = StorageWeakRef(x.untyped_storage()).cdata
+            recorder.live[key] = (*recorder.live[key][:3], None)  # no callback to come
+            recorder.reported.append(key)
+            y = x + 1  # x lives on: not freed here
+            del x
+            return y * 2  # freed before this operator
+
+        phase("one", run)
+
+    traces = {}
+    for mode in ("scan", "callback"):
+        monkeypatch.setattr(tp, "FREE_DETECTION", mode)
+        traces[mode] = tp.run_trace(torch, "meta", drive)
+    assert [event[0] for event in traces["scan"].events].count("free") == 2  # x, then y
+    assert traces["callback"].events == traces["scan"].events
+
+
+def test_each_call_replays_its_own_signatures_template():
+    """The replay looks each signature's template up once (a pattern's lookup is not free):
+    two signatures of one operator keep their own."""
+    trace = tp.Trace(device="meta", build="cpu-only", torch_version="")
+    trace.events.append(("start", "one", None, 1))
+    for sid, signature in enumerate(("scratchy", "plain", "scratchy", "plain")):
+        trace.events.append(
+            ("op", tp.OpCall("aten.mm.default", "caller", signature, ((0, sid, 1024),)))
+        )
+    trace.events.append(("end",))
+    calibration = tp.Calibration(
+        templates={"scratchy": [("output", 0, 1024), ("internal", 0, 4 * MIB), ("free", 0)]},
+        output_only={"plain"},
+    )
+    log = tp.replay(trace, calibration)[1]
+    assert [what for kind, _, what in log if kind == "alloc"] == [
+        "aten.mm.default", "aten.mm.default scratch", "aten.mm.default",
+        "aten.mm.default", "aten.mm.default scratch", "aten.mm.default",
+    ]  # fmt: skip
