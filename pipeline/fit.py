@@ -474,7 +474,7 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
         "peak_reserved_bytes": need.peak_reserved_bytes,
         "peak_basis": need.basis,
         "approximate": need.approximate,
-        "if_the_prediction_holds": point_answer(need.point_bytes, rows, memory),
+        "if_the_prediction_holds": point_answer(need.point_bytes, rows),
         "margin_bytes": margin_bytes(need.peak_reserved_bytes),
         # the one model on which the answer is a measurement; on every other, a prediction
         "peak_measured_on_model": memory_name(need.gpu_name) if need.basis == "measured" else None,
@@ -509,12 +509,12 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
     }
 
 
-def point_answer(point: int | None, rows: list[dict], memory: dict) -> dict | None:
+def point_answer(point: int | None, rows: list[dict]) -> dict | None:
     """Where a prediction is sized by its upper bound: the cheapest model that would hold the
     prediction's own figure, shown beside the answer, never as it."""
     if point is None:
         return None
-    holding = [r for r in rows if point <= memory[r["gpu"]].usable_bytes]
+    holding = [r for r in rows if point <= r["usable_memory_bytes"]]
     best = min(holding, key=lambda r: (r["total_cents"], r["gpu"]), default=None)
     return {
         "peak_reserved_bytes": point,
