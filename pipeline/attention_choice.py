@@ -60,6 +60,20 @@ class TargetGpu:
 H200 = TargetGpu("NVIDIA H200", (9, 0), "2.11.0+cu130")
 
 
+def this_gpu(torch, index: int = 0) -> TargetGpu | None:
+    """The GPU this process runs on, as a target: the trace made beside a measurement takes
+    the kernels the estimate without a GPU takes, so that its calls are the same ones."""
+    if not torch.cuda.is_available():
+        return None
+    return TargetGpu(
+        torch.cuda.get_device_name(index),
+        tuple(torch.cuda.get_device_capability(index)),
+        torch.__version__,
+        torch.version.cuda,
+        torch.backends.cudnn.version(),
+    )
+
+
 def minor_version(version: str) -> str:
     """'2.11.0+cu130' -> '2.11'."""
     return ".".join(version.split("+")[0].split(".")[:2])

@@ -11,6 +11,12 @@ calibration file gathers such probes, made on one GPU with one PyTorch, so that
   cuBLASLt fixed workspaces, allocated once per thread and kept, and the kernels allocate
   nothing else through the caching allocator. The pattern is used only where every probe of
   that operator and argument form agreed on it, at least two shapes of them;
+- any other operator whose probes agree at SHAPE_RULE_MIN distinct shapes or more, every
+  probe allocating the same blocks besides its outputs, takes that template for a call of the
+  same `rule_key` (operator, each tensor's dtype and layout, every other argument's value)
+  whose tensors' sizes lie, dimension by dimension, within those probed (its domain): the
+  probes show its kernels' scratch does not depend on the shapes there, and nothing is
+  claimed outside. Operators whose scratch depends on values are never generalised;
 - everything else is not covered: the prediction says approximate and gives bounds.
 
 `build` makes the file from a folder of probe documents (what the GPU script wrote, kept as
@@ -56,6 +62,83 @@ def form(name: str, leaves: list) -> str:
     return f"{name}({', '.join(kinds)})"
 
 
+SHAPE_RULE_MIN = 3
+# Reductions and scans switch scratch on at sizes inside any box of probed ones (a reduction
+# splits one output's inputs across thread blocks past a size that depends on the others):
+# never by shape. trace_prediction.reduction_without_scratch covers those PyTorch's source
+# settles.
+NOT_BY_SHAPE = frozenset(
+    f"aten.{name}"
+    for name in ("sum", "mean", "amax", "amin", "argmax", "argmin", "max", "min", "prod", "var",
+                 "std", "var_mean", "std_mean", "norm", "linalg_vector_norm", "cumsum",
+                 "cumprod", "logsumexp", "all", "any", "nansum", "count_nonzero",
+                 "_safe_softmax")
+)  # fmt: skip
+
+
+def layout(shape, stride) -> str:
+    """A tensor's layout without its sizes: the order of its dimensions by stride, and whether
+    it is contiguous (a kernel may copy a non-contiguous input first)."""
+    rank = len(shape)
+    order = sorted(range(rank), key=lambda i: (-stride[i], i))
+    expected, contiguous = 1, True
+    for i in reversed(range(rank)):
+        if shape[i] != 1 and stride[i] != expected:
+            contiguous = False
+        expected *= shape[i]
+    return f"{''.join(map(str, order))}{'c' if contiguous else 'n'}"
+
+
+def rule_key(name: str, leaves: list) -> str:
+    """An operator call without its tensors' sizes: each device tensor by dtype and layout, a
+    host tensor whole, a float as `float` (a scale, a probability, an epsilon), every other
+    argument by value (a dimension, a flag)."""
+    kinds = []
+    for leaf in leaves:
+        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor":
+            _, dtype, shape, stride, offset, _nbytes, where = leaf
+            if where == "device":
+                kinds.append(f"{dtype}[{layout(shape, stride)}{'+' if offset else ''}]")
+            else:
+                kinds.append(repr(leaf))
+        elif isinstance(leaf, float):
+            kinds.append("float")
+        else:
+            kinds.append(repr(leaf))
+    return f"{name}({', '.join(kinds)})"
+
+
+def sizes(leaves: list) -> list:
+    """The sizes of the call's device tensors, in order."""
+    return [
+        list(leaf[2])
+        for leaf in leaves
+        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor" and leaf[-1] == "device"
+    ]
+
+
+def within(domain: list, leaves: list) -> bool:
+    """Every device tensor's size, dimension by dimension, within the probed ones."""
+    low, high = domain
+    found = sizes(leaves)
+    return len(found) == len(low) and all(
+        len(s) == len(lo) and all(a <= x <= b for a, x, b in zip(lo, s, hi, strict=True))
+        for s, lo, hi in zip(found, low, high, strict=True)
+    )
+
+
+class _Floats(ast.NodeTransformer):
+    def visit_Name(self, node):
+        if node.id in ("inf", "nan"):
+            return ast.copy_location(ast.Constant(float(node.id)), node)
+        return node
+
+
+def leaves_of(text: str) -> list:
+    """A probe document's `leaves` (a Python repr, where a float may be inf or nan)."""
+    return ast.literal_eval(_Floats().visit(ast.parse(text, mode="eval")))
+
+
 def abstract(template: list) -> list:
     """A template with its outputs' sizes left out (a pattern's outputs are the call's own)."""
     return [dict(step, bytes=None) if step["kind"] == "output" else dict(step) for step in template]
@@ -65,6 +148,7 @@ def build(documents: list[dict]) -> dict:
     """The calibration file's content from probe documents (one per traced workload)."""
     signatures: dict = {}
     output_only: set = set()
+    rules: dict = {}  # rule_key -> {json of abstract template: [sizes of each probe]}
     forms: dict = {}  # form -> {json of abstract template: set of signatures}
     per_thread = set()
     for document in documents:
@@ -79,6 +163,23 @@ def build(documents: list[dict]) -> dict:
         for entry in section["operators"]:
             signatures[entry["signature"]] = {"op": entry["op"], "template": entry["template"]}
         output_only.update(section["output_only"])
+        templates = {entry["signature"]: entry["template"] for entry in section["operators"]}
+        for key, entry in document["signatures"].items():
+            name = entry["name"]
+            packet = trace_prediction.packet(name)
+            if name in GENERALISED or packet in trace_prediction.VALUE_DEPENDENT:
+                continue
+            if packet in NOT_BY_SHAPE:
+                continue
+            template = templates.get(key)
+            if template is None and key in section["output_only"]:
+                template = []
+            if template is None:
+                continue
+            call = leaves_of(entry["leaves"])
+            text = json.dumps(abstract(template), sort_keys=True)
+            found = rules.setdefault(rule_key(name, call), {}).setdefault(text, {})
+            found.setdefault(json.dumps(sizes(call)), sizes(call))
         for key, name in names.items():
             if name not in GENERALISED:
                 continue
@@ -97,11 +198,29 @@ def build(documents: list[dict]) -> dict:
         if len(found) == 1 and len(next(iter(found.values()))) >= 2
     }
     varies = sorted(key for key, found in forms.items() if len(found) > 1)
+    shape_rules = {}
+    for key, found in sorted(rules.items()):
+        if len(found) != 1:
+            continue
+        ((text, probed),) = found.items()
+        shapes = list(probed.values())
+        if len(shapes) < SHAPE_RULE_MIN:
+            continue
+        per_tensor = list(zip(*shapes, strict=True))
+        low = [[min(dims) for dims in zip(*each, strict=True)] for each in per_tensor]
+        high = [[max(dims) for dims in zip(*each, strict=True)] for each in per_tensor]
+        shape_rules[key] = {
+            "template": json.loads(text),
+            "domain": [low, high],
+            "shapes": len(shapes),
+        }
     return {
         "schema": SCHEMA,
         "workspaces_per_thread": per_thread.pop() if len(per_thread) == 1 else None,
         "patterns": patterns,
         "patterns_not_shared": varies,
+        "shape_rules": shape_rules,
+        "shape_rules_not_shared": sorted(key for key, found in rules.items() if len(found) > 1),
         "signatures": dict(sorted(signatures.items())),
         "output_only": sorted(output_only - set(signatures)),
     }
@@ -123,6 +242,13 @@ def load(name: str) -> tuple[trace_prediction.Calibration, dict]:
             key: [trace_prediction.template_step(step) for step in template]
             for key, template in document["patterns"].items()
         },
+        shape_rules={
+            key: (
+                [trace_prediction.template_step(step) for step in rule["template"]],
+                rule["domain"],
+            )
+            for key, rule in document.get("shape_rules", {}).items()
+        },
         source=(
             f"{path.name} (sha256 {hashlib.sha256(data).hexdigest()[:16]}; "
             f"{document['gpu']['name']}, torch {document['torch']})"
@@ -136,36 +262,41 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_command(argv: list[str] | None) -> int:
-    """build PROBES_FOLDER --output FILE --made-from FOLDER: the GPU's name, capability,
-    PyTorch and cuDNN come from the machine.txt beside the probes."""
+    """build EVIDENCE_FOLDER... --output FILE: each folder (under runs/) holds probes/*.json
+    and the machine.txt its GPU script wrote, which gives the GPU's name, capability, PyTorch
+    and cuDNN; the folders must agree on them."""
     parser = cli.Parser(prog="gpu_calibration.py", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
-    make = commands.add_parser("build", help="a calibration file from a folder of probes")
-    make.add_argument("probes", help="a folder of probe documents (*.json)")
+    make = commands.add_parser("build", help="a calibration file from folders of probes")
+    make.add_argument("evidence", nargs="+", help="folders holding probes/*.json and machine.txt")
     make.add_argument("--output", required=True, help="a new JSON file")
-    make.add_argument("--made-from", required=True, help="the evidence folder, as cited")
     args = parser.parse_args(argv)
-    folder = Path(args.probes)
-    files = sorted(folder.glob("*.json"))
-    if not files:
-        raise cli.UsageError(f"{folder}: no probe documents (*.json)")
-    documents = [json.loads(path.read_text()) for path in files]
-    machine = (folder.parent / "machine.txt").read_text().splitlines()
-    gpu_name = machine[1].split(",")[0].strip()
-    torch_version, cudnn = machine[2].split()[1:3]
-    capability = [int(x) for x in machine[2].split("(")[-1].rstrip(")").split(",")]
+    documents, machines = [], set()
+    for folder in map(Path, args.evidence):
+        files = sorted((folder / "probes").glob("*.json"))
+        if not files:
+            raise cli.UsageError(f"{folder / 'probes'}: no probe documents (*.json)")
+        documents += [json.loads(path.read_text()) for path in files]
+        machine = (folder / "machine.txt").read_text().splitlines()
+        torch_version, cudnn = machine[2].split()[1:3]
+        capability = tuple(int(x) for x in machine[2].split("(")[-1].rstrip(")").split(","))
+        machines.add((machine[1].split(",")[0].strip(), capability, torch_version, int(cudnn)))
+    if len(machines) != 1:
+        raise cli.UsageError(f"the folders were probed on different machines: {sorted(machines)}")
+    ((gpu_name, capability, torch_version, cudnn),) = machines
+    cited = ", ".join(f"runs/{Path(folder).resolve().name}" for folder in args.evidence)
     content = {
         "schema": SCHEMA,
-        "gpu": {"name": gpu_name, "capability": capability},
+        "gpu": {"name": gpu_name, "capability": list(capability)},
         "torch": torch_version,
-        "cudnn": int(cudnn),
-        "made_from": f"{args.made_from}: {len(files)} traced workloads, probed on the GPU",
+        "cudnn": cudnn,
+        "made_from": f"{cited}: {len(documents)} traced workloads, probed on the GPU",
         **{k: v for k, v in build(documents).items() if k != "schema"},
     }
     cli.write_new(Path(args.output), (json.dumps(content, indent=1) + "\n").encode())
     print(
         f"{args.output}: {len(content['signatures'])} probed calls, "
-        f"{len(content['patterns'])} patterns"
+        f"{len(content['patterns'])} patterns, {len(content['shape_rules'])} shape rules"
     )
     return 0
 

@@ -846,7 +846,12 @@ def measure(args, gpu: Gpu) -> int:
     except UserCodeError as exc:
         failed, function = exc, None
     if failed is None:
-        traced = trace_workload(torch, setting, args.device)
+        import attention_choice
+
+        index = mesure_memoire.device_index(args.device)
+        traced = trace_workload(
+            torch, setting, args.device, attention_choice.this_gpu(torch, index)
+        )
     environment = record_environment()
     document = {
         "schema": SCHEMA,

@@ -78,6 +78,80 @@ OUTPUT_ONLY = frozenset(
         *(f"aten._foreach_{name}" for name in _FOREACH_OUTPUT_ONLY),
     ]
 )
+# Reductions (TensorIterator's CUDA reduce kernel, Reduce.cuh): outputs only, unless the
+# kernel splits one output's inputs across thread blocks (`should_global_reduce`), which takes
+# a staging buffer and semaphores from the allocator. It does so only where a thread would
+# still reduce 256 values or more (max_values_per_thread) after the split across a warp's
+# lanes and the block's warps; with fewer than 256 inputs per output that never happens, nor
+# for inputs contiguous in the reduced trailing dimensions with fewer than 8,192 (32 lanes x
+# 256), the reductions of a norm over the hidden size. Beyond 2**31 bytes the kernel splits
+# the iterator and may take an accumulation buffer: not covered either.
+# operator -> the name of its dimension argument (None: all of them)
+REDUCTIONS = {
+    "aten.sum.dim_IntList": "dim",
+    "aten.mean.dim": "dim",
+    "aten.sum.default": None,
+    "aten.mean.default": None,
+    "aten.amax.default": "dim",
+    "aten.amin.default": "dim",
+    "aten.argmax.default": "dim",
+    "aten.argmin.default": "dim",
+}
+VALUES_PER_THREAD = 256
+WARP = 32
+
+
+def call_arguments(signature) -> dict:
+    """The call's arguments by name, as described (a tensor a tuple, see `describe`)."""
+    from torch.utils._pytree import tree_unflatten
+
+    args, kwargs = tree_unflatten(list(signature.leaves), signature.spec)
+    names = [argument.name for argument in signature.func._schema.arguments]
+    return {**dict(zip(names, args, strict=False)), **kwargs}
+
+
+def reduction_without_scratch(signature) -> bool:
+    """A reduction the kernel finishes inside each thread block (REDUCTIONS)?"""
+    if signature.name not in REDUCTIONS or signature.spec is None or signature.func is None:
+        return False
+    arguments = call_arguments(signature)
+    x = arguments.get("self")
+    if not is_tensor_leaf(x):
+        return False
+    _, dtype, shape, stride, _offset, nbytes, _where = x
+    requested = arguments.get("dtype")
+    if requested is not None and requested != ("dtype", dtype):
+        return False  # converted to another dtype first: a copy the trace may not show
+    if nbytes >= 2**31:
+        return False
+    rank = len(shape)
+    dims = arguments.get(REDUCTIONS[signature.name]) if REDUCTIONS[signature.name] else None
+    if dims is None or dims == []:
+        dims = list(range(rank))
+    elif isinstance(dims, int):
+        dims = [dims]
+    dims = sorted({d % rank for d in dims}) if rank else []
+    inputs = math.prod(shape[d] for d in dims)
+    if inputs < VALUES_PER_THREAD:
+        return True
+    trailing = dims == list(range(rank - len(dims), rank))
+    contiguous = all(
+        size == 1 or step == math.prod(shape[i + 1 :])
+        for i, (size, step) in enumerate(zip(shape, stride, strict=True))
+    )
+    return trailing and contiguous and inputs < WARP * VALUES_PER_THREAD
+
+
+def is_tensor_leaf(leaf) -> bool:
+    return isinstance(leaf, tuple) and bool(leaf) and leaf[0] == "tensor"
+
+
+def output_only(signature) -> bool:
+    """Known to allocate its outputs and nothing else, on any NVIDIA GPU, by PyTorch's source."""
+    name = packet(signature.name)
+    return name in OUTPUT_ONLY or reduction_without_scratch(signature)
+
+
 NOT_PROBED_PREFIX = "aten._foreach_"
 # Without a GPU the trace runs on the meta device, where these functions choose other
 # kernels than on a GPU: the trace is then not the GPU's, and says so.
@@ -272,6 +346,8 @@ class Tracer:
             modes.insert(0, self.fake)
         if self.trace.device == "meta":
             modes.append(make_choice_notes(self.torch, self.trace, self.target)())
+        elif self.target is not None and not self.real:  # beside a measurement: the same calls
+            modes.append(make_choice_notes(self.torch, self.trace, self.target, meta=False)())
         try:
             if not self.real:
                 self._patch_optimizers()
@@ -378,7 +454,7 @@ class Tracer:
         self._undo.append(lambda: setattr(overrides, "has_torch_function", original))
 
 
-def make_choice_notes(torch, trace: Trace, target=None):
+def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     """On the meta device: note the calls whose kernels a GPU would choose otherwise, and
     make tensors from data fake.
 
@@ -391,7 +467,11 @@ def make_choice_notes(torch, trace: Trace, target=None):
     tensor, which the next operator refuses ("Please convert all Tensors to FakeTensors
     first"). Transformers' caches start that way (`torch.tensor([], device=...)`). Built on
     the CPU and copied to the device instead, it is fake, and allocated on the device as a
-    GPU run allocates it."""
+    GPU run allocates it.
+
+    On a GPU's fake tensors (`meta=False`, the trace beside a measurement), only
+    scaled_dot_product_attention goes through the target's rule, so that the trace makes the
+    same calls as the estimate made without a GPU; the rest is the GPU's own."""
     from torch.overrides import TorchFunctionMode
 
     functions = {
@@ -415,6 +495,8 @@ def make_choice_notes(torch, trace: Trace, target=None):
             kwargs = kwargs or {}
             if func is sdpa and target is not None:
                 return sdpa_as_on_gpu(torch, trace, target, func, args, kwargs)
+            if not meta:
+                return func(*args, **kwargs)
             if func in dropouts:
                 fused = dropout_as_on_gpu(torch, dropouts[func], args, kwargs)
                 if fused is not None:
@@ -475,8 +557,8 @@ def sdpa_as_on_gpu(torch, trace: Trace, target, func, args, kwargs):
     """F.scaled_dot_product_attention as `at::native::scaled_dot_product_attention`
     (attention.cpp) runs it on the target GPU: the kernel `attention_choice.choose` names,
     called with the arguments it gets there, so that the trace records that kernel's operator,
-    its outputs, and through autograd its backward operator. Under inference mode a GPU's
-    trace sees the composite operator itself, as this one does: it goes through unchanged.
+    its outputs, and through autograd its backward operator; under inference mode too, where
+    the composite operator's own kernel makes the same call and keeps its first output only.
     Where the rule cannot tell, the math kernel, noted."""
     import attention_choice as choice
 
@@ -497,7 +579,7 @@ def sdpa_as_on_gpu(torch, trace: Trace, target, func, args, kwargs):
             f"take is not known: {why}",
         )
         return func(*args, **kwargs)
-    if backend == choice.MATH or torch.is_inference_mode_enabled():
+    if backend == choice.MATH:
         return func(*args, **kwargs)
     aten = torch.ops.aten
     dropout, causal, scale = call["dropout_p"], call["is_causal"], call["scale"]
@@ -537,6 +619,18 @@ def sdpa_as_on_gpu(torch, trace: Trace, target, func, args, kwargs):
     )[0]
 
 
+def absent_outputs(func, args, kwargs) -> set:
+    """Indexes of the outputs a GPU leaves unallocated where the meta kernel allocates them:
+    cuDNN attention makes its logsumexp only when asked to (run_cudnn_SDP_fprop, MHA.cpp),
+    which it is not under inference mode; its meta kernel makes it always."""
+    if func._schema.name != "aten::_scaled_dot_product_cudnn_attention":
+        return set()
+    arguments = [a.name for a in func._schema.arguments]
+    where = arguments.index("compute_log_sumexp")
+    wanted = kwargs.get("compute_log_sumexp", args[where] if len(args) > where else False)
+    return set() if wanted else {1}
+
+
 def host_outputs(func, args, kwargs) -> set:
     """Indexes of the outputs a GPU makes on the host (HOST_WITH_DROPOUT)."""
     names = HOST_WITH_DROPOUT.get(func._schema.name)
@@ -549,6 +643,51 @@ def host_outputs(func, args, kwargs) -> set:
         return set()
     returns = [r.name for r in func._schema.returns]
     return {returns.index(name) for name in names}
+
+
+# Composite operators (CompositeImplicitAutograd: one C++ function calling other operators)
+# reach the dispatch mode as one call where autograd is off (inference mode); a GPU runs the
+# same function, whose inner calls allocate blocks the composite's outputs do not show (layer
+# norm's mean and rstd, where's scalar made a tensor on the device). The trace runs these
+# through that function instead, so it records each inner call: only those whose function
+# takes the same calls on the meta device as on a GPU (each read in PyTorch's source), under
+# the condition given. Others stay one call, calibrated or not.
+def _not_half_to_float(args, kwargs) -> bool:
+    """softmax/log_softmax(x, dim, dtype=float32) on a float16 CUDA input takes the kernel's
+    own half-to-float path; on meta it converts first (SoftMax.cpp)."""
+    x = args[0]
+    dtype = kwargs.get("dtype", args[2] if len(args) > 2 else None)
+    return not (str(x.dtype) == "torch.float16" and dtype is not None)
+
+
+DECOMPOSED = {
+    "aten::layer_norm": None,  # native_layer_norm, its first output kept
+    "aten::group_norm": None,  # native_group_norm
+    "aten::dropout": None,  # training on a GPU is intercepted first (dropout_as_on_gpu)
+    "aten::feature_dropout": None,
+    "aten::alpha_dropout": None,
+    "aten::feature_alpha_dropout": None,
+    "aten::type_as": None,
+    "aten::conv1d": None,  # convolution, after unbatched inputs get their batch dimension
+    "aten::conv2d": None,
+    "aten::conv3d": None,
+    "aten::where": None,  # the Scalar forms make the scalar a tensor on the device
+    "aten::min": None,  # min.other: minimum
+    "aten::max": None,
+    "aten::softmax": _not_half_to_float,
+    "aten::log_softmax": _not_half_to_float,
+}
+
+
+def decomposed(torch, func, args, kwargs) -> bool:
+    """Run this call through its composite function (DECOMPOSED)?"""
+    name = func._schema.name
+    if name not in DECOMPOSED:
+        return False
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return False
+    condition = DECOMPOSED[name]
+    return condition is None or condition(args, kwargs)
 
 
 # How the recorder learns that a storage's last reference went: "callback", a weak reference
@@ -627,6 +766,9 @@ def make_recorder(torch):
             kwargs = kwargs or {}
             if func.namespace != "prim":  # prim.device is asked inside other operators' calls
                 self.poll()
+            if decomposed(torch, func, args, kwargs):
+                with self:
+                    return func.decompose(*args, **kwargs)
             if seeded in func.tags and not self.tracer.real:
                 out = self.seeded(func, args, kwargs)
             else:
@@ -696,10 +838,13 @@ def make_recorder(torch):
             with unset_fake_temporarily():
                 meta = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
             on_host = host_outputs(func, args, kwargs)
+            absent = absent_outputs(func, args, kwargs)
 
             def made(index, m):
                 if not isinstance(m, torch.Tensor):
                     return m
+                if index in absent:
+                    return torch.empty(0, dtype=m.dtype, device=device)
                 where = torch.device("cpu") if index in on_host else device
                 return torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=where)
 
@@ -1008,17 +1153,34 @@ class Calibration:
     source: str = "this process"
     # gpu_calibration.form(...) -> template whose outputs take the call's own sizes (None)
     patterns: dict = dataclasses.field(default_factory=dict)
+    # gpu_calibration.rule_key(...) -> (template, the sizes it holds within)
+    shape_rules: dict = dataclasses.field(default_factory=dict)
 
     def known(self, signature: str, call: Signature | None = None) -> bool:
         return (
             signature in self.templates
             or signature in self.output_only
             or self.pattern(call) is not None
+            or self.rule(call) is not None
         )
 
     def template(self, signature: str, call: Signature | None) -> list | None:
+        """None: outputs only."""
         found = self.templates.get(signature)
-        return found if found is not None else self.pattern(call)
+        if found is None:
+            found = self.pattern(call)
+        return found if found is not None else (self.rule(call) or None)
+
+    def rule(self, call: Signature | None) -> list | None:
+        """The template of the shape rule that covers this call (gpu_calibration), or None."""
+        if call is None or not self.shape_rules:
+            return None
+        import gpu_calibration
+
+        found = self.shape_rules.get(gpu_calibration.rule_key(call.name, call.leaves))
+        if found is not None and gpu_calibration.within(found[1], call.leaves):
+            return found[0]
+        return None
 
     def pattern(self, call: Signature | None) -> list | None:
         if call is None or not self.patterns:
@@ -1586,7 +1748,7 @@ def replay(
                         autograd_kept |= op.role == AUTOGRAD
                         malloc(step[1], f"{op.name} kept (library workspace)")
             for index, (sid, nbytes) in sorted(pending.items()):
-                if template is not None:
+                if template is not None and nbytes:  # an empty tensor takes no block
                     mismatches.setdefault(op.name, f"output {index} not allocated by the probe")
                 blocks[sid] = (malloc(nbytes, op.name), nbytes)
             if uncertain and scenario.upper:  # the most its kernel may add, with its outputs
@@ -1659,7 +1821,7 @@ def uncertain_calls(trace: Trace, calibration) -> dict:
             continue
         dependent = VALUE_DEPENDENT.get(packet(signature.name))
         covered = (calibration is not None and calibration.known(key, signature)) or (
-            packet(signature.name) in OUTPUT_ONLY
+            output_only(signature)
         )
         if (dependent is not None and dependent[0](signature.leaves)) or not covered:
             found[key] = SCRATCH_FACTOR * (device_bytes(signature) + outputs.get(key, 0))
@@ -1719,7 +1881,7 @@ def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> 
             continue
         if calibration is not None and calibration.known(key, signature):
             continue
-        if packet(signature.name) in OUTPUT_ONLY:
+        if output_only(signature):
             continue
         why = UNCALIBRATED
         if calibration is not None and key in calibration.failed:
