@@ -848,9 +848,8 @@ def measure(args, gpu: Gpu) -> int:
     if failed is None:
         import attention_choice
 
-        index = mesure_memoire.device_index(args.device)
         traced = trace_workload(
-            torch, setting, args.device, attention_choice.this_gpu(torch, index)
+            torch, setting, args.device, attention_choice.this_gpu(torch, args.device)
         )
     environment = record_environment()
     document = {

@@ -1772,6 +1772,12 @@ def replay(
 # most WORKSPACE_BOUND per thread (cuBLAS and cuBLASLt keep 33 MiB on an H200).
 SCRATCH_FACTOR = 8
 WORKSPACE_BOUND = 64 * 2**20
+# scaled_dot_product_attention left whole (the kernel a GPU takes unknown, or the math one)
+# may run the math kernel, whose scratch grows with the score matrix, not with its inputs:
+# up to 2.06 times batch x heads x queries x keys float32 scores beyond the rule above, in
+# the probes; the bound allows MATH_SCORES times.
+MATH_SCORES = 3
+SDPA = "aten.scaled_dot_product_attention"
 PEAK_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes")
 UNSEEN = "device storage made outside the dispatcher"
 AUTOGRAD_THREAD = "autograd thread"
@@ -1780,7 +1786,8 @@ BOUNDS_METHOD = (
     "only, a storage made outside the dispatcher appears where first used, workspaces "
     "shared by the threads) and the most (each such operator adds a library workspace of "
     f"{WORKSPACE_BOUND // 2**20} MiB per thread once, and scratch of {SCRATCH_FACTOR} times "
-    "the bytes of its device inputs and outputs alive with its outputs; such storages "
+    "the bytes of its device inputs and outputs alive with its outputs (an attention left "
+    f"whole, {MATH_SCORES} float32 score matrices more); such storages "
     "allocated before the first phase; workspaces per thread); each widened by the largest "
     "difference the other orders of segment addresses made"
 )
@@ -1808,6 +1815,18 @@ def device_bytes(signature: Signature) -> int:
     )
 
 
+def scratch_bound(signature: Signature, outputs: int) -> int:
+    """The most scratch an operator call nobody measured may take (SCRATCH_FACTOR, and for
+    an attention left whole MATH_SCORES score matrices)."""
+    bound = SCRATCH_FACTOR * (device_bytes(signature) + outputs)
+    tensors = [leaf for leaf in signature.leaves if is_tensor_leaf(leaf)]
+    if packet(signature.name) == SDPA and len(tensors) >= 2:
+        query, key = tensors[0][2], tensors[1][2]
+        if len(query) >= 2 and len(key) >= 2:
+            bound += MATH_SCORES * 4 * math.prod(query[:-2]) * query[-2] * key[-2]
+    return bound
+
+
 def uncertain_calls(trace: Trace, calibration) -> dict:
     """Signature -> the most scratch its call may add, for each call the prediction does
     not cover: not calibrated, or sized by values the trace does not have."""
@@ -1824,7 +1843,7 @@ def uncertain_calls(trace: Trace, calibration) -> dict:
             output_only(signature)
         )
         if (dependent is not None and dependent[0](signature.leaves)) or not covered:
-            found[key] = SCRATCH_FACTOR * (device_bytes(signature) + outputs.get(key, 0))
+            found[key] = scratch_bound(signature, outputs.get(key, 0))
     return found
 
 

@@ -116,19 +116,28 @@ SKIPPED_SUFFIXES = {
     ".gz": "an archive of raw records (traces), read by their tools: no schema",
     ".py": "the script that wrote the files beside it, kept as it ran: no schema",
     ".log": "what a script printed as it ran: no schema",
+    ".sh": "the script a GPU call ran, kept as it ran: no schema",
 }
 ARTEFACT, LOG, SKIPPED = "artefact", "log", "skipped"
 GPU_PROBE = "urn:iteragpu-lab:schema:gpu-probe:v1"
 SDPA_CHOICES = "urn:iteragpu-lab:schema:sdpa-choices:v1"
+SEGMENT_ADDRESSES = "urn:iteragpu-lab:schema:segment-addresses:v1"
 
 
 def schema_by_place(path: Path) -> str | None:
     """The schema of a raw record written on a GPU without a schema key, named by where it
-    lies: probes/<name>.json in a runs/<stamp>-<gpu>-probes/ folder, sdpa-choices.json."""
-    if path.parent.name == "probes" and path.parent.parent.name.endswith("-probes"):
+    lies: probes/<name>.json in a runs/<stamp>-<gpu>-probe(s|-sweep...)/ folder,
+    sdpa-choices.json, and the segment records of a runs/<stamp>-<gpu>-segment-addresses/
+    folder (segments-<seed>.json, hist/<name>.segments.json)."""
+    if path.parent.name == "probes" and "-probe" in path.parent.parent.name:
         return GPU_PROBE
     if path.name == "sdpa-choices.json":
         return SDPA_CHOICES
+    folders = {path.parent.name, path.parent.parent.name}
+    if any(name.endswith("-segment-addresses") for name in folders) and (
+        path.name.startswith("segments-") or path.name.endswith(".segments.json")
+    ):
+        return SEGMENT_ADDRESSES
     return None
 
 
@@ -559,9 +568,11 @@ def hf_zoo_facts(document: dict) -> list[str]:
         errors += hf_zoo_point_facts(f"$.points[{i}]", point)
     compared = [point for point in points if point["comparison"] is not None]
     equal = sum(point["comparison"]["equal_to_the_byte"] for point in compared)
+    not_measured = sum("not_measured" in point["verdicts"] for point in points)
     expected = {
         "points": len(points),
-        "crashes": len(points) - len(compared),
+        "crashes": len(points) - len(compared) - not_measured,
+        **({"not_measured": not_measured} if "not_measured" in document["totals"] else {}),
         **{
             verdict: sum(verdict in point["verdicts"] for point in points)
             for verdict in ("exact_held", "false_exact", "bounds_held", "bounds_broken", "no_claim")
@@ -577,7 +588,7 @@ def hf_zoo_facts(document: dict) -> list[str]:
         compared and abs(share - equal / len(compared)) > 1e-6
     ):
         errors.append("$.totals.share_exact_to_the_byte: not equal_to_the_byte over the points "
-                      "not crashed")  # fmt: skip
+                      "compared")  # fmt: skip
     return errors
 
 
@@ -614,6 +625,8 @@ def validate_document(document, registry: Registry, schema: str | None = None) -
     `schema` names the schema of a document that carries none (a phase prediction)."""
     if schema is not None and isinstance(document, dict) and "schema" not in document:
         document = {"schema": schema, **document}
+    elif schema is not None and isinstance(document, list):  # a raw list of records
+        document = {"schema": schema, "records": document}
     if not isinstance(document, dict) or not isinstance(document.get("schema"), str):
         return ['$: not an artefact: no "schema" key naming its schema']
     if document["schema"] == RESULTS_ROW or document["schema"] not in registry:
@@ -654,7 +667,7 @@ def read_artefact(path: Path, registry: Registry) -> Artefact:
     errors = validate_document(document, registry, placed)
     if errors:
         return Artefact(data, None, errors)
-    named = document.get("schema", placed)
+    named = document.get("schema", placed) if isinstance(document, dict) else placed
     kinds, kind = NAMED_KINDS.get(path.name, ((named,), ""))
     if named not in kinds:
         errors = [f"$.schema: {named!r} is not {kind}, which {path.name} holds"]
@@ -1213,6 +1226,18 @@ def read_shared(path: Path) -> bytes:
 # ---------------------------------------------------------------- the tree and the command line
 
 
+MODEL_CONFIG = "a model's config.json, the input of the workloads traced: no schema"
+
+
+def model_config(path: Path) -> bool:
+    """configs/<name>.json in a runs/<stamp>-<gpu>-probe.../ folder: a Hugging Face config."""
+    return (
+        path.suffix == ".json"
+        and path.parent.name == "configs"
+        and "-probe" in path.parent.parent.name
+    )
+
+
 def walk(folder: Path) -> Iterator[tuple[Path, str, str]]:
     """(path, ARTEFACT | LOG | SKIPPED, why skipped) for each file below `folder`, by name.
     A folder named like a file (measurement.json/) is that file, found invalid; a symbolic
@@ -1227,6 +1252,8 @@ def walk(folder: Path) -> Iterator[tuple[Path, str, str]]:
             yield from walk(path)
         elif not (entry.is_dir() or entry.is_file()):
             yield path, SKIPPED, "not a regular file"
+        elif model_config(path):
+            yield path, SKIPPED, MODEL_CONFIG
         elif path.suffix in (".json", ".csv"):
             yield path, LOG if path.suffix == ".csv" else ARTEFACT, ""
         else:

@@ -11,7 +11,9 @@ from conftest import RUNS, run_script
 
 REGISTRY = validate.load_registry()
 FILES = sorted(p for p in RUNS.rglob("*") if p.is_file() and not p.is_symlink())
-CHECKED = [p for p in FILES if p.suffix in (".json", ".csv")]  # artefacts and the log
+CHECKED = [  # artefacts and the log (a model's config.json is an input, not an artefact)
+    p for p in FILES if p.suffix in (".json", ".csv") and not validate.model_config(p)
+]
 
 
 @pytest.mark.parametrize("path", [p for p in CHECKED if p.suffix == ".json"], ids=str)
@@ -28,13 +30,28 @@ def test_validate_walks_the_committed_runs_and_finds_them_all_valid():
     assert result.stderr == ""
     lines = result.stdout.splitlines()
     skipped = [p for p in FILES if p not in CHECKED]
+
+    def why(path):
+        if validate.model_config(path):
+            return validate.MODEL_CONFIG
+        return validate.SKIPPED_SUFFIXES[path.suffix]
+
     assert lines[-1] == f"{len(CHECKED)} valid, 0 invalid, {len(skipped)} skipped"
     assert sorted(lines[:-1]) == sorted(
         [f"{path}: valid" for path in CHECKED]
-        + [f"{path}: skipped ({validate.SKIPPED_SUFFIXES[path.suffix]})" for path in skipped]
+        + [f"{path}: skipped ({why(path)})" for path in skipped]
     )
     assert len(CHECKED) > 250  # the grids' points, the run folders, the sweeps, the log
-    assert {p.suffix for p in skipped} == {".png", ".txt", ".md", ".gz", ".py", ".log"}
+    assert {p.suffix for p in skipped} == {
+        ".png",
+        ".txt",
+        ".md",
+        ".gz",
+        ".py",
+        ".log",
+        ".sh",
+        ".json",
+    }
 
 
 def test_every_sweep_point_is_a_run_folder_of_its_own():

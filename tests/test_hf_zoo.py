@@ -194,6 +194,23 @@ def test_a_missing_or_failed_side_is_a_crash_with_its_reason(tmp_path):
     assert totals["share_exact_to_the_byte"] == 1.0
 
 
+def test_a_point_never_run_on_the_gpu_is_not_measured_not_a_crash(tmp_path):
+    out = folder(tmp_path, {"ok": (cpu_document(), h200_document()),
+                            "later": (cpu_document(), None)})  # fmt: skip
+    (out / "h200" / "measure-only.txt").write_text("ok exit 0 9.0 s: completed\n")
+    summary = summarised(out)
+    assert by_name(summary)["later"]["verdicts"] == ["not_measured"]
+    totals = summary["totals"]
+    assert (totals["crashes"], totals["not_measured"], totals["exact_held"]) == (0, 1, 1)
+    assert validate.validate_document(summary, REGISTRY) == []
+    summary["totals"]["not_measured"] = 0
+    assert validate.validate_document(summary, REGISTRY)  # the totals are the points' own
+    (out / "h200" / "measure-only.txt").write_text(
+        "ok exit 0 9.0 s: completed\nlater exit 1 2.0 s: RuntimeError: broke\n"
+    )
+    assert by_name(summarised(out))["later"]["verdicts"] == ["crash"]  # it ran: it crashed
+
+
 def test_validate_refuses_totals_or_verdicts_that_are_not_the_points_own(tmp_path):
     out = folder(tmp_path, {"a": (cpu_document(), h200_document()),
                             "b": (cpu_document(), None)})  # fmt: skip
@@ -266,7 +283,9 @@ def test_predict_refuses_to_overwrite_and_runs_the_estimates(tmp_path):
     log = (out / "cpu" / "timings.txt").read_text().splitlines()
     assert [line.split()[:3] for line in log] == [["tiny", "exit", "0"], ["broken", "exit", "2"]]
     summary = summarised(out)
-    assert summary["totals"]["crashes"] == 2  # nothing measured yet
+    # nothing measured yet: the point predicted is not measured, the one that failed crashed
+    assert (summary["totals"]["crashes"], summary["totals"]["not_measured"]) == (1, 1)
+    assert by_name(summary)["tiny"]["verdicts"] == ["not_measured"]
     assert "--no-such-flag" in by_name(summary)["broken"]["crash_reason"]
 
 
@@ -329,11 +348,27 @@ BROKEN_AND_FIXED = {
 }
 
 
+# A claimed exact that the H200 did not hold, found by a committed grid: {folder: (the
+# points, what is known of the cause)}. Each is an open defect, not a tolerance: a new one
+# fails the test, and so does one of these that is no longer there.
+FALSE_EXACT_OPEN = {
+    "20261204T130000Z-hf-zoo-exact": (
+        ["pythia-160m-inference-bf16-b2-s2000"],
+        "the real run keeps 1,769,472 B more than predicted at the end of the cold step and "
+        "589,824 B at the end of each warm step (4 MiB more reserved), freed with the step's "
+        "output; the trace made beside the measurement, with every call probed at these "
+        "shapes on the H200, predicts what the estimate without a GPU predicts, so the block "
+        "is made outside any traced call; not found yet",
+    ),
+}
+
+
 @pytest.mark.skipif(not COMMITTED, reason="no committed zoo grid summary yet")
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.parent.name)
 def test_committed_zoo_summaries_hold(path):
     summary = json.loads(path.read_text())
     assert validate.validate_document(summary, REGISTRY) == []
-    assert summary["totals"]["false_exact"] == 0
+    false_exact = [p["name"] for p in summary["points"] if "false_exact" in p["verdicts"]]
+    assert false_exact == FALSE_EXACT_OPEN.get(path.parent.name, ([], ""))[0]
     broken, _why = BROKEN_AND_FIXED.get(path.parent.name, (0, ""))
     assert summary["totals"]["bounds_broken"] == broken

@@ -24,7 +24,9 @@ beyond NAME, CONFIG and TASK.
   line) in DIR/h200/measure-SELECTION.txt and the next one runs; no new point is started
   past --deadline-s. Exit 1 if a point of the selection is not measured.
 - summarise: DIR/summary.json (schemas/hf-zoo-grid.schema.json; pipeline/validate.py checks
-  its totals) and DIR/comparison.md, from DIR/points.txt, cpu/ and h200/.
+  its totals) and DIR/comparison.md, from DIR/points.txt, cpu/ and h200/. A point predicted
+  and never run on the GPU (no measurement, no line in a measure log) is `not_measured`; one
+  that ran and left no completed measurement, or has no prediction, crashed.
 
 Both predict and measure copy POINTS.txt to DIR/points.txt (refusing a different one there).
 """
@@ -54,7 +56,8 @@ SCHEMA = "urn:iteragpu-lab:schema:hf-zoo-grid:v1"
 COUNTERS = mesure_memoire.COUNTER_KEYS
 PEAKS = ("peak_allocated_bytes", "peak_reserved_bytes")
 TASKS = ("inference", "generate", "training", "lora")
-CRASH, EXACT_HELD, FALSE_EXACT = "crash", "exact_held", "false_exact"
+CRASH, NOT_MEASURED = "crash", "not_measured"
+EXACT_HELD, FALSE_EXACT = "exact_held", "false_exact"
 BOUNDS_HELD, BOUNDS_BROKEN, NO_CLAIM = "bounds_held", "bounds_broken", "no_claim"
 LOG = re.compile(r"^(?P<name>\S+) exit (?P<exit>-?\d+) (?P<seconds>[0-9.]+) s: (?P<last>.*)$")
 
@@ -348,9 +351,10 @@ def compare(predicted: list[dict], measured: list[dict], bounds: list[dict] | No
     }
 
 
-def verdicts_of(status: str | None, comparison: dict | None) -> list[str]:
+def verdicts_of(status: str | None, comparison: dict | None, run: bool = True) -> list[str]:
+    """run: the point was run on the GPU (a measurement, or a line in the measure log)."""
     if comparison is None:
-        return [CRASH]
+        return [CRASH] if run else [NOT_MEASURED]
     verdicts = []
     if status == "exact":
         verdicts.append(EXACT_HELD if comparison["equal_to_the_byte"] else FALSE_EXACT)
@@ -428,7 +432,9 @@ def summarise_point(point: Point, out: Path, predict_log: dict, measure_log: dic
         )
     entry["crash_reason"] = "; ".join(reasons) or None
     entry["verdicts"] = verdicts_of(
-        entry["prediction"] and entry["prediction"]["status"], entry["comparison"]
+        entry["prediction"] and entry["prediction"]["status"],
+        entry["comparison"],
+        run=h200 is not None or point.name in measure_log or entry["prediction"] is None,
     )
     return entry
 
@@ -442,6 +448,7 @@ def totals_of(points: list[dict]) -> dict:
     return {
         "points": len(points),
         "crashes": count(CRASH),
+        "not_measured": count(NOT_MEASURED),
         "exact_held": count(EXACT_HELD),
         "false_exact": count(FALSE_EXACT),
         "bounds_held": count(BOUNDS_HELD),
@@ -495,7 +502,8 @@ def comparison_md(summary: dict) -> str:
     share = "n/a" if t["share_exact_to_the_byte"] is None else f"{t['share_exact_to_the_byte']:.3f}"
     lines += [
         "",
-        f"{t['points']} points: {t['crashes']} crashed, {t['false_exact']} false exact, "
+        f"{t['points']} points: {t['crashes']} crashed, {t['not_measured']} not measured, "
+        f"{t['false_exact']} false exact, "
         f"{t['exact_held']} exact held, {t['bounds_broken']} with a bound broken, "
         f"{t['bounds_held']} within their bounds, {t['no_claim']} claiming neither; "
         f"equal to the byte: {t['equal_to_the_byte']} (share {share}).",
