@@ -271,6 +271,9 @@ def build_command(argv: list[str] | None) -> int:
     make.add_argument("evidence", nargs="+", help="folders holding probes/*.json and machine.txt")
     make.add_argument("--output", required=True, help="a new JSON file")
     args = parser.parse_args(argv)
+    output = Path(args.output)
+    if output.exists():
+        raise cli.UsageError(f"{output}: file exists (a calibration is never overwritten)")
     documents, machines = [], set()
     for folder in map(Path, args.evidence):
         files = sorted((folder / "probes").glob("*.json"))
@@ -293,7 +296,10 @@ def build_command(argv: list[str] | None) -> int:
         "made_from": f"{cited}: {len(documents)} traced workloads, probed on the GPU",
         **{k: v for k, v in build(documents).items() if k != "schema"},
     }
-    cli.write_new(Path(args.output), (json.dumps(content, indent=1) + "\n").encode())
+    try:
+        cli.write_new(output, (json.dumps(content, indent=1) + "\n").encode())
+    except FileExistsError:
+        raise cli.UsageError(f"{output} appeared meanwhile: it was left untouched") from None
     print(
         f"{args.output}: {len(content['signatures'])} probed calls, "
         f"{len(content['patterns'])} patterns, {len(content['shape_rules'])} shape rules"

@@ -185,6 +185,24 @@ def test_the_committed_calibration_is_what_its_evidence_builds(tmp_path):
                for k in document["shape_rules"])  # fmt: skip
 
 
+NEVER_OVERWRITTEN = "a calibration is never overwritten"
+
+
+def test_building_over_an_existing_file_names_it_and_changes_nothing(tmp_path, capsys):
+    from conftest import RUNS
+
+    output = tmp_path / "calibration.json"
+    output.write_bytes(b"mine")
+    probes = RUNS / "20261203T212500Z-h200-probes"
+    assert gc.main(["build", str(probes), "--output", str(output)]) == 2
+    said = capsys.readouterr().err
+    assert said == f"gpu_calibration.py: error: {output}: file exists ({NEVER_OVERWRITTEN})\n"
+    assert output.read_bytes() == b"mine"
+    assert gc.main(["build", str(tmp_path), "--output", str(tmp_path / "new.json")]) == 2
+    assert "no probe documents" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.json"]
+
+
 # ---------------------------------------------------------------- the trace
 
 
