@@ -1179,12 +1179,13 @@ def build_parser() -> cli.Parser:
         help="also record the allocator's history during the phases (no stack traces) and "
         "the replayed prediction, pickled into this new file, to find where they part",
     )
-    estimate_parser.add_argument(
+    source = estimate_parser.add_mutually_exclusive_group()  # one calibration, said once
+    source.add_argument(
         "--calibration",
         metavar="MEASUREMENT.json",
         help="an own_model.py measurement whose calibration covers these operator calls",
     )
-    estimate_parser.add_argument(
+    source.add_argument(
         "--gpu",
         choices=sorted(gpu_calibration.KNOWN),
         help="predict for this GPU: its attention kernel choices and its committed calibration",

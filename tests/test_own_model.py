@@ -1168,3 +1168,20 @@ def test_a_missing_calibration_is_named_in_plain_words(tmp_path):
     )
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == f"own_model.py: error: {missing}: no such file or directory\n"
+
+
+def test_a_gpu_and_a_calibration_file_are_one_or_the_other(tmp_path):
+    """`--gpu` brings its own calibration and that GPU's kernel choices; a measurement's
+    calibration was made on some other GPU: together they would mix two GPUs, refused."""
+    spec = f"{PIPELINE / 'workloads' / 'resnet_cnn.py'}:resnet"
+    calibration = tmp_path / "measured.json"
+    calibration.write_text("{}")
+    result = run_script(
+        "own_model.py", "estimate", "--workload", spec, "--gpu", "h200",
+        "--calibration", str(calibration),
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "own_model.py: error: argument --calibration: not allowed with argument --gpu\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["measured.json"]
