@@ -44,7 +44,7 @@ cache). Logits are computed for the last position only, as generation needs.
 
 from __future__ import annotations
 
-import decoder
+import decoder_shape
 import torch
 import torch.nn.functional as F
 
@@ -54,12 +54,12 @@ INIT_STD = 0.02
 # ---------------------------------------------------------------- weights and state
 
 
-def make_weights(shape: decoder.Shape, dtype, device, seed: int) -> dict:
-    """Every parameter in decoder.parameter_tensors' order (the predictor's), made in place."""
+def make_weights(shape: decoder_shape.Shape, dtype, device, seed: int) -> dict:
+    """Every parameter in parameter_tensors' order (the predictor's), made in place."""
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     weights = {}
-    for name, dims, init in decoder.parameter_tensors(shape):
+    for name, dims, init in decoder_shape.parameter_tensors(shape):
         tensor = torch.empty(dims, device=device, dtype=dtype)
         if init == "normal":
             tensor.normal_(0.0, INIT_STD, generator=generator)
@@ -71,7 +71,7 @@ def make_weights(shape: decoder.Shape, dtype, device, seed: int) -> dict:
     return weights
 
 
-def rope_table(shape: decoder.Shape, positions: int, dtype, device):
+def rope_table(shape: decoder_shape.Shape, positions: int, dtype, device):
     """cos and sin of position x frequency, (positions, head_dim / 2): computed on the host in
     float32 and cast there, so the device sees exactly one allocation for each table.
     Frequencies are the unscaled rotary ones (theta ** (-2i / head_dim)); a preset's rope
@@ -89,7 +89,7 @@ class State:
     """What generation keeps between steps: the prompt, the generated tokens, the rotary tables
     and the cache. Made in decoder.Mirror.inputs_and_cache's order."""
 
-    def __init__(self, shape: decoder.Shape, run: dict, dtype, device, seed: int):
+    def __init__(self, shape: decoder_shape.Shape, run: dict, dtype, device, seed: int):
         batch, prompt, new = run["batch"], run["prompt"], run["new_tokens"]
         positions = prompt + new
         generator = torch.Generator(device=device)
@@ -138,7 +138,7 @@ def attend(query, keys, values, causal: bool, grouped: bool):
     return F.scaled_dot_product_attention(query, keys, values, is_causal=causal, enable_gqa=grouped)
 
 
-def block(shape: decoder.Shape, weights: dict, layer: int, state: State, h, position: int):
+def block(shape: decoder_shape.Shape, weights: dict, layer: int, state: State, h, position: int):
     """One decoder layer on the residual stream h (batch, tokens, width), updated in place."""
     batch, tokens, _ = h.shape
     heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
@@ -189,7 +189,7 @@ def block(shape: decoder.Shape, weights: dict, layer: int, state: State, h, posi
     del down
 
 
-def forward(shape: decoder.Shape, weights: dict, state: State, tokens, position: int):
+def forward(shape: decoder_shape.Shape, weights: dict, state: State, tokens, position: int):
     """tokens (batch, T) at cache positions [position, position + T); returns the greedy next
     token (batch,) int64. Logits for the last position only."""
     h = F.embedding(tokens, weights["embed"])
@@ -207,7 +207,7 @@ def forward(shape: decoder.Shape, weights: dict, state: State, tokens, position:
 # ---------------------------------------------------------------- generation
 
 
-def prefill(shape: decoder.Shape, weights: dict, state: State, holder: list) -> None:
+def prefill(shape: decoder_shape.Shape, weights: dict, state: State, holder: list) -> None:
     """The prompt in one pass; its token is generated[:, 0] and waits in `holder` (the caller
     keeps no reference, so each token is freed inside the row that replaces it)."""
     token = forward(shape, weights, state, state.prompt, 0)
@@ -215,7 +215,9 @@ def prefill(shape: decoder.Shape, weights: dict, state: State, holder: list) -> 
     holder.append(token)
 
 
-def decode(shape: decoder.Shape, weights: dict, state: State, holder: list, first: int, count):
+def decode(
+    shape: decoder_shape.Shape, weights: dict, state: State, holder: list, first: int, count
+):
     """Tokens first .. first + count - 1 (indices into generated), one pass each, each fed the
     previous token at cache position prompt + index - 1."""
     prompt = state.prompt.shape[1]
@@ -229,7 +231,7 @@ def decode(shape: decoder.Shape, weights: dict, state: State, holder: list, firs
     holder.append(token)
 
 
-def attention_backends(shape: decoder.Shape, state: State, batch: int) -> dict:
+def attention_backends(shape: decoder_shape.Shape, state: State, batch: int) -> dict:
     """The kernel scaled_dot_product_attention picks for the prefill and for a decode step,
     asked of PyTorch's own chooser with tensors of those shapes (after the phases: the query
     it needs is allocated outside every measured row)."""
@@ -252,6 +254,6 @@ def attention_backends(shape: decoder.Shape, state: State, batch: int) -> dict:
             is_causal=tokens > 1,
             enable_gqa=shape.heads != shape.kv_heads,
         )
-        found[phase] = decoder.BACKEND_NAMES.get(names.get(choice, str(choice)), str(choice))
+        found[phase] = decoder_shape.BACKEND_NAMES.get(names.get(choice, str(choice)), str(choice))
         del query
     return found

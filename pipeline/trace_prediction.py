@@ -41,6 +41,7 @@ import os
 import random
 import weakref
 
+import call_keys
 import mesure_memoire
 
 EXACT, APPROXIMATE, NOT_PREDICTED = "exact", "approximate", "not predicted"
@@ -1151,9 +1152,9 @@ class Calibration:
     failed: dict = dataclasses.field(default_factory=dict)  # signature -> why
     workspaces_per_thread: bool | None = None
     source: str = "this process"
-    # gpu_calibration.form(...) -> template whose outputs take the call's own sizes (None)
+    # call_keys.form(...) -> template whose outputs take the call's own sizes (None)
     patterns: dict = dataclasses.field(default_factory=dict)
-    # gpu_calibration.rule_key(...) -> (template, the sizes it holds within)
+    # call_keys.rule_key(...) -> (template, the sizes it holds within)
     shape_rules: dict = dataclasses.field(default_factory=dict)
 
     def known(self, signature: str, call: Signature | None = None) -> bool:
@@ -1172,22 +1173,18 @@ class Calibration:
         return found if found is not None else (self.rule(call) or None)
 
     def rule(self, call: Signature | None) -> list | None:
-        """The template of the shape rule that covers this call (gpu_calibration), or None."""
+        """The template of the shape rule that covers this call (call_keys), or None."""
         if call is None or not self.shape_rules:
             return None
-        import gpu_calibration
-
-        found = self.shape_rules.get(gpu_calibration.rule_key(call.name, call.leaves))
-        if found is not None and gpu_calibration.within(found[1], call.leaves):
+        found = self.shape_rules.get(call_keys.rule_key(call.name, call.leaves))
+        if found is not None and call_keys.within(found[1], call.leaves):
             return found[0]
         return None
 
     def pattern(self, call: Signature | None) -> list | None:
         if call is None or not self.patterns:
             return None
-        import gpu_calibration  # it builds on this module
-
-        return self.patterns.get(gpu_calibration.form(call.name, call.leaves))
+        return self.patterns.get(call_keys.form(call.name, call.leaves))
 
     def to_json(self, trace: Trace | None = None) -> dict:
         names = trace.signatures if trace is not None else {}

@@ -1,0 +1,72 @@
+"""How a calibration names an operator call without its sizes, and checks a call's sizes
+against the ones probed: the keys both the calibration's builder (gpu_calibration.py) and
+its reader (trace_prediction.Calibration) use. Standard library only; imports nothing of
+the pipeline, so that neither of those two needs the other for it.
+"""
+
+from __future__ import annotations
+
+
+def form(name: str, leaves: list) -> str:
+    """An operator call without its shapes: its name and each argument's kind (a tensor's
+    dtype, None, or a value): the key of the matrix products' patterns (gpu_calibration)."""
+    kinds = []
+    for leaf in leaves:
+        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor":
+            kinds.append(leaf[1])
+        elif leaf is None:
+            kinds.append("None")
+        else:
+            kinds.append("value")
+    return f"{name}({', '.join(kinds)})"
+
+
+def layout(shape, stride) -> str:
+    """A tensor's layout without its sizes: the order of its dimensions by stride, and whether
+    it is contiguous (a kernel may copy a non-contiguous input first)."""
+    rank = len(shape)
+    order = sorted(range(rank), key=lambda i: (-stride[i], i))
+    expected, contiguous = 1, True
+    for i in reversed(range(rank)):
+        if shape[i] != 1 and stride[i] != expected:
+            contiguous = False
+        expected *= shape[i]
+    return f"{''.join(map(str, order))}{'c' if contiguous else 'n'}"
+
+
+def rule_key(name: str, leaves: list) -> str:
+    """An operator call without its tensors' sizes: each device tensor by dtype and layout, a
+    host tensor whole, a float as `float` (a scale, a probability, an epsilon), every other
+    argument by value (a dimension, a flag)."""
+    kinds = []
+    for leaf in leaves:
+        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor":
+            _, dtype, shape, stride, offset, _nbytes, where = leaf
+            if where == "device":
+                kinds.append(f"{dtype}[{layout(shape, stride)}{'+' if offset else ''}]")
+            else:
+                kinds.append(repr(leaf))
+        elif isinstance(leaf, float):
+            kinds.append("float")
+        else:
+            kinds.append(repr(leaf))
+    return f"{name}({', '.join(kinds)})"
+
+
+def sizes(leaves: list) -> list:
+    """The sizes of the call's device tensors, in order."""
+    return [
+        list(leaf[2])
+        for leaf in leaves
+        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor" and leaf[-1] == "device"
+    ]
+
+
+def within(domain: list, leaves: list) -> bool:
+    """Every device tensor's size, dimension by dimension, within the probed ones."""
+    low, high = domain
+    found = sizes(leaves)
+    return len(found) == len(low) and all(
+        len(s) == len(lo) and all(a <= x <= b for a, x, b in zip(lo, s, hi, strict=True))
+        for s, lo, hi in zip(found, low, high, strict=True)
+    )
