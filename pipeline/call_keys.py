@@ -7,12 +7,28 @@ the pipeline, so that neither of those two needs the other for it.
 from __future__ import annotations
 
 
+def is_tensor_leaf(leaf) -> bool:
+    """A described tensor argument (trace_prediction.describe): ("tensor", dtype, shape,
+    stride, offset, storage bytes, where)."""
+    return isinstance(leaf, tuple) and bool(leaf) and leaf[0] == "tensor"
+
+
+def contiguous(shape, stride) -> bool:
+    """Row-major dense, size-1 dimensions' strides aside."""
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride), strict=True):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
+
+
 def form(name: str, leaves: list) -> str:
     """An operator call without its shapes: its name and each argument's kind (a tensor's
     dtype, None, or a value): the key of the matrix products' patterns (gpu_calibration)."""
     kinds = []
     for leaf in leaves:
-        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor":
+        if is_tensor_leaf(leaf):
             kinds.append(leaf[1])
         elif leaf is None:
             kinds.append("None")
@@ -24,14 +40,8 @@ def form(name: str, leaves: list) -> str:
 def layout(shape, stride) -> str:
     """A tensor's layout without its sizes: the order of its dimensions by stride, and whether
     it is contiguous (a kernel may copy a non-contiguous input first)."""
-    rank = len(shape)
-    order = sorted(range(rank), key=lambda i: (-stride[i], i))
-    expected, contiguous = 1, True
-    for i in reversed(range(rank)):
-        if shape[i] != 1 and stride[i] != expected:
-            contiguous = False
-        expected *= shape[i]
-    return f"{''.join(map(str, order))}{'c' if contiguous else 'n'}"
+    order = sorted(range(len(shape)), key=lambda i: (-stride[i], i))
+    return f"{''.join(map(str, order))}{'c' if contiguous(shape, stride) else 'n'}"
 
 
 def rule_key(name: str, leaves: list) -> str:
@@ -40,7 +50,7 @@ def rule_key(name: str, leaves: list) -> str:
     argument by value (a dimension, a flag)."""
     kinds = []
     for leaf in leaves:
-        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor":
+        if is_tensor_leaf(leaf):
             _, dtype, shape, stride, offset, _nbytes, where = leaf
             if where == "device":
                 kinds.append(f"{dtype}[{layout(shape, stride)}{'+' if offset else ''}]")
@@ -55,11 +65,7 @@ def rule_key(name: str, leaves: list) -> str:
 
 def sizes(leaves: list) -> list:
     """The sizes of the call's device tensors, in order."""
-    return [
-        list(leaf[2])
-        for leaf in leaves
-        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor" and leaf[-1] == "device"
-    ]
+    return [list(leaf[2]) for leaf in leaves if is_tensor_leaf(leaf) and leaf[-1] == "device"]
 
 
 def within(domain: list, leaves: list) -> bool:

@@ -88,11 +88,7 @@ def build(documents: list[dict]) -> dict:
     forms: dict = {}  # form -> {json of abstract template: set of signatures}
     per_thread = set()
     for document in documents:
-        leaves = {  # only matrix products' (other calls' may hold inf or nan)
-            key: ast.literal_eval(entry["leaves"])
-            for key, entry in document["signatures"].items()
-            if entry["name"] in GENERALISED
-        }
+        leaves = {key: leaves_of(entry["leaves"]) for key, entry in document["signatures"].items()}
         names = {key: entry["name"] for key, entry in document["signatures"].items()}
         section = document["calibration"]
         per_thread.add(section["workspaces_per_thread"])
@@ -112,10 +108,10 @@ def build(documents: list[dict]) -> dict:
                 template = []
             if template is None:
                 continue
-            call = leaves_of(entry["leaves"])
+            call, probed = leaves[key], sizes(leaves[key])
             text = json.dumps(abstract(template), sort_keys=True)
             found = rules.setdefault(rule_key(name, call), {}).setdefault(text, {})
-            found.setdefault(json.dumps(sizes(call)), sizes(call))
+            found.setdefault(json.dumps(probed), probed)
         for key, name in names.items():
             if name not in GENERALISED:
                 continue

@@ -117,7 +117,7 @@ def reduction_without_scratch(signature) -> bool:
         return False
     arguments = call_arguments(signature)
     x = arguments.get("self")
-    if not is_tensor_leaf(x):
+    if not call_keys.is_tensor_leaf(x):
         return False
     _, dtype, shape, stride, _offset, nbytes, _where = x
     requested = arguments.get("dtype")
@@ -136,15 +136,7 @@ def reduction_without_scratch(signature) -> bool:
     if inputs < VALUES_PER_THREAD:
         return True
     trailing = dims == list(range(rank - len(dims), rank))
-    contiguous = all(
-        size == 1 or step == math.prod(shape[i + 1 :])
-        for i, (size, step) in enumerate(zip(shape, stride, strict=True))
-    )
-    return trailing and contiguous and inputs < WARP * VALUES_PER_THREAD
-
-
-def is_tensor_leaf(leaf) -> bool:
-    return isinstance(leaf, tuple) and bool(leaf) and leaf[0] == "tensor"
+    return trailing and call_keys.contiguous(shape, stride) and inputs < WARP * VALUES_PER_THREAD
 
 
 def output_only(signature) -> bool:
@@ -1808,7 +1800,7 @@ def device_bytes(signature: Signature) -> int:
     return sum(
         leaf[5]
         for leaf in signature.leaves
-        if isinstance(leaf, tuple) and leaf and leaf[0] == "tensor" and leaf[6] == "device"
+        if call_keys.is_tensor_leaf(leaf) and leaf[6] == "device"
     )
 
 
@@ -1816,7 +1808,7 @@ def scratch_bound(signature: Signature, outputs: int) -> int:
     """The most scratch an operator call nobody measured may take (SCRATCH_FACTOR, and for
     an attention left whole MATH_SCORES score matrices)."""
     bound = SCRATCH_FACTOR * (device_bytes(signature) + outputs)
-    tensors = [leaf for leaf in signature.leaves if is_tensor_leaf(leaf)]
+    tensors = [leaf for leaf in signature.leaves if call_keys.is_tensor_leaf(leaf)]
     if packet(signature.name) == SDPA and len(tensors) >= 2:
         query, key = tensors[0][2], tensors[1][2]
         if len(query) >= 2 and len(key) >= 2:
