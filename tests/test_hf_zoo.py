@@ -209,6 +209,10 @@ def test_a_point_never_run_on_the_gpu_is_not_measured_not_a_crash(tmp_path):
         "ok exit 0 9.0 s: completed\nlater exit 1 2.0 s: RuntimeError: broke\n"
     )
     assert by_name(summarised(out))["later"]["verdicts"] == ["crash"]  # it ran: it crashed
+    (out / "h200" / "measure-only.txt").write_text(
+        "ok exit 0 9.0 s: completed\nlater exit -1 0.0 s: not started: past --deadline-s 251.0\n"
+    )
+    assert by_name(summarised(out))["later"]["verdicts"] == ["not_measured"]  # the deadline's
 
 
 def test_validate_refuses_totals_or_verdicts_that_are_not_the_points_own(tmp_path):

@@ -25,8 +25,9 @@ beyond NAME, CONFIG and TASK.
   past --deadline-s. Exit 1 if a point of the selection is not measured.
 - summarise: DIR/summary.json (schemas/hf-zoo-grid.schema.json; pipeline/validate.py checks
   its totals) and DIR/comparison.md, from DIR/points.txt, cpu/ and h200/. A point predicted
-  and never run on the GPU (no measurement, no line in a measure log) is `not_measured`; one
-  that ran and left no completed measurement, or has no prediction, crashed.
+  and never run on the GPU (no measurement, and no line in a measure log or one saying it was
+  not started) is `not_measured`; one that ran and left no completed measurement, or has no
+  prediction, crashed.
 
 Both predict and measure copy POINTS.txt to DIR/points.txt (refusing a different one there).
 """
@@ -57,6 +58,7 @@ COUNTERS = mesure_memoire.COUNTER_KEYS
 PEAKS = ("peak_allocated_bytes", "peak_reserved_bytes")
 TASKS = ("inference", "generate", "training", "lora")
 CRASH, NOT_MEASURED = "crash", "not_measured"
+NOT_STARTED = "not started:"  # a measure log's line for a point the deadline left out
 EXACT_HELD, FALSE_EXACT = "exact_held", "false_exact"
 BOUNDS_HELD, BOUNDS_BROKEN, NO_CLAIM = "bounds_held", "bounds_broken", "no_claim"
 LOG = re.compile(r"^(?P<name>\S+) exit (?P<exit>-?\d+) (?P<seconds>[0-9.]+) s: (?P<last>.*)$")
@@ -221,7 +223,7 @@ def measure(args) -> int:
             continue
         if time.perf_counter() - started_all > args.deadline_s:
             missing.append(point.name)
-            line = f"{point.name} exit -1 0.0 s: not started: past --deadline-s {args.deadline_s}"
+            line = f"{point.name} exit -1 0.0 s: {NOT_STARTED} past --deadline-s {args.deadline_s}"
         else:
             argv = own_model("measure", point, "--device", args.device, "--output", str(target))
             started = time.perf_counter()
@@ -363,6 +365,11 @@ def verdicts_of(status: str | None, comparison: dict | None, run: bool = True) -
     return verdicts or [NO_CLAIM]
 
 
+def started(log: dict) -> bool:
+    """Did the measure log's last line for a point say it ran (whatever its end)?"""
+    return bool(log) and not (log["last_line"] or "").startswith(NOT_STARTED)
+
+
 def summarise_point(point: Point, out: Path, predict_log: dict, measure_log: dict) -> dict:
     path = config_path(point.config)
     cpu = read_document(out / "cpu" / f"{point.name}.json")
@@ -434,7 +441,7 @@ def summarise_point(point: Point, out: Path, predict_log: dict, measure_log: dic
     entry["verdicts"] = verdicts_of(
         entry["prediction"] and entry["prediction"]["status"],
         entry["comparison"],
-        run=h200 is not None or point.name in measure_log or entry["prediction"] is None,
+        run=h200 is not None or started(log) or entry["prediction"] is None,
     )
     return entry
 
