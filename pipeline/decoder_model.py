@@ -47,6 +47,7 @@ from __future__ import annotations
 import decoder_shape
 import torch
 import torch.nn.functional as F
+import torch_private
 
 INIT_STD = 0.02
 
@@ -247,7 +248,8 @@ def attention_backends(shape: decoder_shape.Shape, state: State, batch: int) -> 
             dtype=state.keys[0].dtype,
             device=state.keys[0].device,
         ).transpose(1, 2)
-        choice = torch._fused_sdp_choice(
+        choice = torch_private.fused_sdp_choice(
+            torch,
             query,
             state.keys[0][:, :, :end],
             state.values[0][:, :, :end],

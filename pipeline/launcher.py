@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 import mesure_memoire
+import torch_private
 
 PIPELINE = Path(__file__).resolve().parent
 SCRIPT = PIPELINE / "mesure_memoire.py"
@@ -62,7 +63,7 @@ def _forked_child(argv: list[str], parent, script: str = SCRIPT.name) -> None:
     script, sends the exit code once the files are written, then holds its exit (the CUDA
     context's teardown) until EXIT, so that the next child is forked before it."""
     torch = sys.modules.get("torch")  # the server's import; if it failed, main() says why
-    if torch is not None and (torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork()):
+    if torch is not None and (torch.cuda.is_initialized() or torch_private.cuda_in_bad_fork(torch)):
         print("launcher: CUDA was initialised before the fork: refusing", file=sys.stderr)
         raise SystemExit(2)
     parent.send(READY)

@@ -46,6 +46,7 @@ from typing import Any
 import cli
 import gpu_calibration
 import mesure_memoire
+import torch_private
 import trace_prediction
 
 TOOL = {"name": "own_model.py", "version": "1.0.0"}
@@ -280,9 +281,7 @@ def resolve_dimensions(function: str, declared: dict, given: list[tuple[str, int
 
 
 def tensors_in(torch, value) -> list:
-    from torch.utils._pytree import tree_flatten
-
-    return [x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
+    return [x for x in torch_private.tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
 
 
 def check_workload(torch, workload, device, function: str) -> str:
@@ -493,19 +492,12 @@ def trace_workload(torch, setting: Setting, index: int, target=None):
     """(Trace, facts, the user's exception or None): the protocol run once on fake tensors.
     The module is imported again inside the trace, so its own tensors are fake too. target:
     the GPU whose kernel choices a trace without a GPU makes (attention_choice.TargetGpu)."""
-    from torch._subclasses import fake_tensor
-
     device = trace_prediction.trace_device(torch, index)
     dtype = getattr(torch, setting.dtype)
     config = Configuration(torch.device(device), dtype, setting.batch, setting.seed)
     facts: dict = {}
     failure: list = []
-    limits = (
-        fake_tensor.DataDependentOutputException,
-        fake_tensor.DynamicOutputShapeException,
-        fake_tensor.UnsupportedOperatorException,
-        trace_prediction.TraceStopped,
-    )
+    limits = (*torch_private.fake_tensor_limits(), trace_prediction.TraceStopped)
 
     def run(phase) -> None:
         try:
@@ -696,7 +688,7 @@ class Gpu:
         if on:
             trace_prediction.start_history(torch)
             return None
-        snapshot = torch.cuda.memory._snapshot()
+        snapshot = torch_private.memory_snapshot(torch)
         trace_prediction.stop_history(torch)
         return snapshot
 

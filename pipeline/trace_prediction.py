@@ -43,6 +43,7 @@ import weakref
 
 import call_keys
 import mesure_memoire
+import torch_private
 
 EXACT, APPROXIMATE, NOT_PREDICTED = "exact", "approximate", "not predicted"
 CALLER, AUTOGRAD = "caller", "autograd"  # the thread that ran an operator (see Recorder.role)
@@ -104,10 +105,8 @@ WARP = 32
 
 def call_arguments(signature) -> dict:
     """The call's arguments by name, as described (a tensor a tuple, see `describe`)."""
-    from torch.utils._pytree import tree_unflatten
-
-    args, kwargs = tree_unflatten(list(signature.leaves), signature.spec)
-    names = [argument.name for argument in signature.func._schema.arguments]
+    args, kwargs = torch_private.tree_unflatten(list(signature.leaves), signature.spec)
+    names = [argument.name for argument in torch_private.schema_of(signature.func).arguments]
     return {**dict(zip(names, args, strict=False)), **kwargs}
 
 
@@ -323,12 +322,15 @@ class Tracer:
             build=build_of(torch),
             torch_version=torch.__version__,
         )
+        warning = torch_private.check_version(torch)
+        if warning is not None:  # the private APIs below may not do what they were read to do
+            self.trace.notes[torch_private.VERSION_NOTE] = warning
         self._undo: list = []
 
     def __enter__(self) -> Tracer:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        self.fake = FakeTensorMode(allow_non_fake_inputs=False, allow_fallback_kernels=False)
+        self.fake = torch_private.FakeTensorMode(
+            allow_non_fake_inputs=False, allow_fallback_kernels=False
+        )
         # Its dispatch cache gives each repeated operator call (one per layer) its outputs'
         # shapes without running the meta kernel again: a quarter of the 8B-class trace's
         # time; the outputs are new fake tensors all the same, so the trace is unchanged.
@@ -375,18 +377,9 @@ class Tracer:
     def _patch_optimizers(self) -> None:
         """torch.optim picks its foreach kernels for plain tensors on a GPU only: let fake
         parameters on the traced device get the same choice as the real ones will."""
-        from torch._subclasses.fake_tensor import FakeTensor
-        from torch.optim import optimizer
-
-        supported = optimizer._foreach_supported_types
-        supported.append(FakeTensor)
-        self._undo.append(lambda: supported.remove(FakeTensor))
+        self._undo.append(torch_private.add_foreach_type(torch_private.FakeTensor))
         if self.trace.device == "meta":
-            original = optimizer._get_foreach_kernels_supported_devices
-            optimizer._get_foreach_kernels_supported_devices = lambda: [*original(), "meta"]
-            self._undo.append(
-                lambda: setattr(optimizer, "_get_foreach_kernels_supported_devices", original)
-            )
+            self._undo.append(torch_private.add_foreach_device("meta"))
 
     def _patch_swap(self) -> None:
         """nn.Module.to() swaps fake parameters (torch.utils.swap_tensors) where it assigns
@@ -409,7 +402,7 @@ class Tracer:
         a second mode, and the next operator mixing it with the others fails ("Mixing fake
         modes NYI"). nn.TransformerEncoder and Decoder deep-copy their layer. A mode is the
         trace's context, not data: a copy of it is itself."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        FakeTensorMode = torch_private.FakeTensorMode
 
         had = "__deepcopy__" in FakeTensorMode.__dict__
         original = FakeTensorMode.__dict__.get("__deepcopy__")
@@ -616,9 +609,10 @@ def absent_outputs(func, args, kwargs) -> set:
     """Indexes of the outputs a GPU leaves unallocated where the meta kernel allocates them:
     cuDNN attention makes its logsumexp only when asked to (run_cudnn_SDP_fprop, MHA.cpp),
     which it is not under inference mode; its meta kernel makes it always."""
-    if func._schema.name != "aten::_scaled_dot_product_cudnn_attention":
+    schema = torch_private.schema_of(func)
+    if schema.name != "aten::_scaled_dot_product_cudnn_attention":
         return set()
-    arguments = [a.name for a in func._schema.arguments]
+    arguments = [a.name for a in schema.arguments]
     where = arguments.index("compute_log_sumexp")
     wanted = kwargs.get("compute_log_sumexp", args[where] if len(args) > where else False)
     return set() if wanted else {1}
@@ -626,15 +620,16 @@ def absent_outputs(func, args, kwargs) -> set:
 
 def host_outputs(func, args, kwargs) -> set:
     """Indexes of the outputs a GPU makes on the host (HOST_WITH_DROPOUT)."""
-    names = HOST_WITH_DROPOUT.get(func._schema.name)
+    schema = torch_private.schema_of(func)
+    names = HOST_WITH_DROPOUT.get(schema.name)
     if not names:
         return set()
-    arguments = [a.name for a in func._schema.arguments]
+    arguments = [a.name for a in schema.arguments]
     where = arguments.index("dropout_p")
     dropout = kwargs.get("dropout_p", args[where] if len(args) > where else 0.0)
     if not dropout:
         return set()
-    returns = [r.name for r in func._schema.returns]
+    returns = [r.name for r in schema.returns]
     return {returns.index(name) for name in names}
 
 
@@ -674,21 +669,13 @@ DECOMPOSED = {
 
 def decomposed(torch, func, args, kwargs) -> bool:
     """Run this call through its composite function (DECOMPOSED)?"""
-    name = func._schema.name
+    name = torch_private.schema_of(func).name
     if name not in DECOMPOSED:
         return False
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+    if not torch_private.has_composite_kernel(torch, func):
         return False
     condition = DECOMPOSED[name]
     return condition is None or condition(args, kwargs)
-
-
-def composite(torch, func, args, kwargs):
-    """The operator's C++ composite function, the one a GPU runs. Not `OpOverload.decompose`:
-    that prefers a Python decomposition where one is registered, and aten.dropout's clones its
-    input outside training, where the C++ function returns the input itself (one block more
-    per dropout in an eval model, and another arrangement of the blocks after it)."""
-    return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
 
 
 # How the recorder learns that a storage's last reference went: "callback", a weak reference
@@ -700,9 +687,9 @@ FREE_DETECTION = "callback"
 
 def make_recorder(torch):
     """The dispatch mode class (it needs torch to exist, so it is made on demand)."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten, tree_map
+    StorageWeakRef = torch_private.StorageWeakRef
+    TorchDispatchMode = torch_private.TorchDispatchMode
+    tree_flatten, tree_map = torch_private.tree_flatten, torch_private.tree_map
 
     seeded = torch.Tag.nondeterministic_seeded
     flatten = make_flatten(torch)
@@ -730,7 +717,7 @@ def make_recorder(torch):
 
         def poll(self) -> None:
             """Storages whose last reference went since the last operator: freed, now."""
-            expired = torch.UntypedStorage._expired
+            expired = torch_private.storage_expired(torch)
             if self.scan:
                 dead = [key for key in self.live if expired(key)]
             else:
@@ -759,7 +746,7 @@ def make_recorder(torch):
             storage = tensor.untyped_storage()
             entry = self.live.get(StorageWeakRef(storage).cdata)
             # 2: the tensor's own reference and `storage` here; nothing else holds it.
-            if entry is not None and torch._C._storage_Use_Count(storage._cdata) == 2:
+            if entry is not None and torch_private.storage_use_count(torch, storage) == 2:
                 self.events.append(("free", entry[2]))
                 self.freed_early.add(entry[2])
 
@@ -769,7 +756,7 @@ def make_recorder(torch):
                 self.poll()
             if decomposed(torch, func, args, kwargs):
                 with self:
-                    return composite(torch, func, args, kwargs)
+                    return torch_private.composite_function(torch, func, args, kwargs)
             if seeded in func.tags and not self.tracer.real:
                 out = self.seeded(func, args, kwargs)
             else:
@@ -780,9 +767,7 @@ def make_recorder(torch):
                     if made is None:
                         raise
                     out = func(*made[0], **made[1])
-            memo = getattr(self.tracer.fake.fake_tensor_converter, "meta_converter", None)
-            if memo is not None:  # its weak references would stop nn.Module.to()'s swaps
-                memo.tensor_memo.clear()
+            torch_private.forget_converted_tensors(self.tracer.fake)
             self.record(func, args, kwargs, out)
             return out
 
@@ -792,14 +777,12 @@ def make_recorder(torch):
             index tensor from data, like torch.tensor (make_choice_notes), on the meta device
             outside the fake mode, which then refuses it. On a GPU that tensor is a block on
             the device, allocated where it is made, just before its use."""
-            from torch._subclasses.fake_tensor import FakeTensor
-
             found = []
 
             def fake(x):
                 if (
                     isinstance(x, torch.Tensor)
-                    and not isinstance(x, FakeTensor)
+                    and not isinstance(x, torch_private.FakeTensor)
                     and x.device.type == "meta"
                     and not self.tracer.real
                 ):
@@ -816,9 +799,7 @@ def make_recorder(torch):
             """Random operators: values do not matter for memory, and a fake CUDA
             generator needs a CUDA build. In-place ones allocate nothing; the others'
             outputs get their shapes from the meta device."""
-            from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-            if func._schema.name.endswith("_"):
+            if torch_private.schema_of(func).name.endswith("_"):
                 return args[0]
             if "out" in kwargs:
                 return kwargs["out"]
@@ -836,7 +817,7 @@ def make_recorder(torch):
             if device is None:
                 tensors = [x for x in tree_flatten(args)[0] if isinstance(x, torch.Tensor)]
                 device = tensors[0].device if tensors else torch.device("cpu")
-            with unset_fake_temporarily():
+            with torch_private.unset_fake_temporarily():
                 meta = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
             on_host = host_outputs(func, args, kwargs)
             absent = absent_outputs(func, args, kwargs)
@@ -856,14 +837,14 @@ def make_recorder(torch):
         def role(self) -> str:
             """Backward runs in autograd's own thread on a GPU: its cuBLAS handle, and
             workspaces, are not the caller's."""
-            return AUTOGRAD if torch._C._current_autograd_node() is not None else CALLER
+            return AUTOGRAD if torch_private.autograd_node_running(torch) else CALLER
 
         def record(self, func, args, kwargs, out) -> None:
             leaves, shape = flatten((args, kwargs))
             inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
             flat = flatten(out)[0]
             tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-            mutable = func._schema.is_mutable
+            mutable = torch_private.schema_of(func).is_mutable
             if not any(self.on_target(t) for t in inputs + tensors):
                 return  # host-only work: no device memory
             if not tensors and not mutable:
@@ -932,11 +913,11 @@ def make_recorder(torch):
             if condition != "always" and torch.is_grad_enabled():
                 return
             if condition == "gradient" and (
-                first._is_zerotensor()
+                torch_private.is_zero_tensor(first)
                 or first.is_nested
                 or not dense(first)
                 # 2: `first` and `storage` here. A view holds its base, whose storage it shares.
-                or torch._C._storage_Use_Count(storage._cdata) != 2
+                or torch_private.storage_use_count(torch, storage) != 2
             ):
                 return
             entry = self.live.get(StorageWeakRef(storage).cdata)
@@ -994,8 +975,6 @@ def make_flatten(torch):
     whole tree to pytree, and its shape is None. The shape, hashable, is equal for two trees
     exactly where pytree's TreeSpecs are: the recorder makes a TreeSpec, and its text, once
     per shape."""
-    from torch.utils import _pytree as pytree
-
     containers = {tuple: tuple, list: list, dict: dict}
     leaf_types = (int, float, bool, complex, str, type(None), torch.dtype, torch.device,
                   torch.layout, torch.memory_format)  # fmt: skip
@@ -1004,9 +983,9 @@ def make_flatten(torch):
     def kind(cls) -> str:
         found = kinds.get(cls)
         if found is None:
-            if cls in containers and cls in pytree.SUPPORTED_NODES:
+            if cls in containers and torch_private.is_pytree_node(cls):
                 found = "node"
-            elif cls in pytree.SUPPORTED_NODES or pytree.is_namedtuple_class(cls):
+            elif torch_private.is_pytree_node(cls) or torch_private.is_namedtuple_class(cls):
                 found = "other"
             elif cls in leaf_types or issubclass(cls, torch.Tensor):
                 found = "leaf"
@@ -1036,7 +1015,7 @@ def make_flatten(torch):
         try:
             shape = walk(tree, leaves)
         except Other:
-            return pytree.tree_flatten(tree)[0], None
+            return torch_private.tree_flatten(tree)[0], None
         return leaves, shape
 
     return flatten
@@ -1068,10 +1047,7 @@ def cpp_caller(entry: str) -> str | None:
     `entry` ("at::_ops::add_Tensor::call"), or None where the names cannot be read. Exported
     names are enough, and dladdr reads them a hundred times faster than addr2line."""
     try:
-        from torch._C._profiler import gather_traceback, symbolize_tracebacks
-
-        os.environ.setdefault("TORCH_SYMBOLIZE_MODE", "dladdr")
-        (frames,) = symbolize_tracebacks([gather_traceback(False, False, True)])
+        frames = torch_private.cpp_frames()
     except Exception:  # a build without the unwinder: no names
         return None
     names = [frame["name"] for frame in frames if frame["name"] != "??"]
@@ -1115,13 +1091,7 @@ def run_trace(torch, device: str, drive, fake: bool = True, target=None) -> Trac
     cannot follow the code stop it (Trace.stopped); any other exception propagates. target:
     the GPU (attention_choice.TargetGpu) whose kernel choices a meta trace makes; None: the
     meta device's own."""
-    from torch._subclasses import fake_tensor
-
-    limits = (
-        fake_tensor.DataDependentOutputException,
-        fake_tensor.DynamicOutputShapeException,
-        fake_tensor.UnsupportedOperatorException,
-    )
+    limits = torch_private.fake_tensor_limits()
     tracer = Tracer(torch, device, fake, target)
     try:
         with tracer:
@@ -1312,12 +1282,10 @@ def probe_operators(torch, device, trace: Trace) -> Calibration:
 
 
 def probe(torch, device, signature: Signature) -> list[tuple]:
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
-    args, kwargs = tree_unflatten(
+    args, kwargs = torch_private.tree_unflatten(
         [rebuild(torch, device, leaf) for leaf in signature.leaves], signature.spec
     )
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    clear = torch_private.cublas_workspace_clearer(torch)
     torch.cuda.synchronize(device)
     if clear is not None:
         clear()
@@ -1329,7 +1297,7 @@ def probe(torch, device, signature: Signature) -> list[tuple]:
     events = history_events(torch, device)[before:]
     stop_history(torch)
     outputs = {}
-    for index, tensor in enumerate(tree_flatten(out)[0]):
+    for index, tensor in enumerate(torch_private.tree_flatten(out)[0]):
         if isinstance(tensor, torch.Tensor) and tensor.device == device:
             outputs.setdefault(tensor.untyped_storage().data_ptr(), index)
     return template_from_history(events, outputs)
@@ -1358,15 +1326,15 @@ def rebuild(torch, device, leaf):
 def start_history(torch) -> None:
     """The allocator's history of allocations and frees, without stack traces."""
     try:
-        torch.cuda.memory._record_memory_history(
-            enabled="all", context=None, max_entries=1_000_000, clear_history=True
+        torch_private.record_memory_history(
+            torch, enabled="all", context=None, max_entries=1_000_000, clear_history=True
         )
     except TypeError:  # a PyTorch without clear_history: callers count the events before
-        torch.cuda.memory._record_memory_history(enabled="all", context=None)
+        torch_private.record_memory_history(torch, enabled="all", context=None)
 
 
 def stop_history(torch) -> None:
-    torch.cuda.memory._record_memory_history(enabled=None)
+    torch_private.stop_memory_history(torch)
 
 
 def segment_ranks(events: list[dict]):
@@ -1379,14 +1347,14 @@ def segment_ranks(events: list[dict]):
 
 
 def history_events(torch, device) -> list[dict]:
-    return torch.cuda.memory._snapshot()["device_traces"][device.index]
+    return torch_private.memory_snapshot(torch)["device_traces"][device.index]
 
 
 def probe_workspace_threads(torch, device) -> bool | None:
     """Does autograd's thread keep library workspaces of its own? A matrix product in the
     caller's thread, then one in backward, after the workspaces were cleared: kept blocks
     that backward added, other than the gradient, say yes."""
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    clear = torch_private.cublas_workspace_clearer(torch)
     if clear is None:
         return None
     try:

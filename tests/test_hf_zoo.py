@@ -369,7 +369,8 @@ FALSE_EXACT_FOUND = {
         "the trace cloned the input of each nn.Dropout of the eval model (PyTorch's Python "
         "decomposition of aten.dropout; ATen returns the input itself), so the blocks after "
         "it landed elsewhere than on the H200: found with the allocator's history "
-        "(runs/20261204T142700Z-h200-pythia-history/), fixed in trace_prediction.composite; "
+        "(runs/20261204T142700Z-h200-pythia-history/), fixed in trace_prediction.composite "
+        "(now torch_private.composite_function); "
         "since then the point is approximate (the driver's segment addresses decide it)",
     ),
 }

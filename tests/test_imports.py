@@ -71,6 +71,7 @@ def test_the_decoder_model_and_the_calibration_reader_import_downwards():
     assert graph["decoder_shape"] == set()  # standard library only
     assert graph["call_keys"] == set()
     assert "gpu_calibration" not in graph["trace_prediction"]
+    assert graph["torch_private"] == set()  # PyTorch's private APIs: a leaf any stage imports
 
 
 def test_a_circle_is_found_even_through_an_import_inside_a_function(tmp_path):

@@ -1,0 +1,225 @@
+"""The private PyTorch APIs the pipeline needs, in one place: names that start with `_` or
+live in PyTorch's private modules, which a new release may change without notice.
+
+Each is here once, as a small function or a name re-exported as it is, with why the
+pipeline needs it; tests/test_torch_private.py holds each to the behaviour the pipeline
+relies on, on the PyTorch it runs. They were read against the versions in SUPPORTED
+(2.11.0+cu130 on the GPU machine, 2.13.0+cpu without one); `check_version` says when the
+PyTorch at hand is outside them, and the trace notes it (trace_prediction.Tracer).
+
+Standard library at module level: torch is imported by the functions that need it, or
+taken as an argument, so that the stages that run without torch can import
+this module too. It imports nothing of the pipeline (tests/test_imports.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+SUPPORTED = ("2.11", "2.13")  # the lowest and highest major.minor these were read against
+VERSION_NOTE = "PyTorch version"  # the trace note's name when check_version warns
+
+
+def check_version(torch) -> str | None:
+    """A one-line warning when torch.__version__'s major.minor is outside SUPPORTED, else None."""
+    version = str(getattr(torch, "__version__", ""))
+    found = re.match(r"(\d+)\.(\d+)", version)
+    low, high = (tuple(int(part) for part in bound.split(".")) for bound in SUPPORTED)
+    if found is not None and low <= (int(found[1]), int(found[2])) <= high:
+        return None
+    return (
+        f"PyTorch {version or 'of unknown version'}: the private APIs the trace uses were read "
+        f"against {SUPPORTED[0]} to {SUPPORTED[1]} only (torch_private.py)"
+    )
+
+
+# ---------------------------------------------------------------- names re-exported as they are
+
+# name -> (the private module it lives in, why the pipeline needs it). Imported on first use
+# (PEP 562), so `torch_private.tree_flatten` is pytree's own function, at no cost per call.
+REEXPORTED = {
+    "FakeTensorMode": (
+        "torch._subclasses.fake_tensor",
+        "tensors with shapes and no memory: the trace runs the workload under it",
+    ),
+    "FakeTensor": (
+        "torch._subclasses.fake_tensor",
+        "the fake mode's tensors: told from real meta tensors made outside the mode",
+    ),
+    "unset_fake_temporarily": (
+        "torch._subclasses.fake_tensor",
+        "leaves the fake mode for a moment: random operators' output shapes from meta",
+    ),
+    "TorchDispatchMode": (
+        "torch.utils._python_dispatch",
+        "the recorder's base class: it sees every operator call, after autograd",
+    ),
+    "StorageWeakRef": (
+        "torch.multiprocessing.reductions",
+        "a storage's weak pointer (`.cdata`): the recorder's key for a live device storage",
+    ),
+    "tree_flatten": ("torch.utils._pytree", "an operator call's arguments as leaves and spec"),
+    "tree_unflatten": ("torch.utils._pytree", "a call rebuilt from its described leaves"),
+    "tree_map": ("torch.utils._pytree", "each tensor of a call's arguments replaced"),
+    "is_namedtuple_class": (
+        "torch.utils._pytree",
+        "named tuples are pytree nodes: the quick flatten leaves them to pytree",
+    ),
+}
+
+
+def __getattr__(name: str):
+    """The names of REEXPORTED, imported from their PyTorch module on first use."""
+    if name not in REEXPORTED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(REEXPORTED[name][0]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *REEXPORTED])
+
+
+# ---------------------------------------------------------------- fake tensors
+
+
+def fake_tensor_limits() -> tuple:
+    """The exceptions by which fake tensors say the trace cannot follow the code: it stops."""
+    from torch._subclasses import fake_tensor
+
+    return (
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+        fake_tensor.UnsupportedOperatorException,
+    )
+
+
+def forget_converted_tensors(fake_mode) -> None:
+    """Empties the fake mode's memo of converted tensors: its weak references would stop
+    nn.Module.to()'s swaps."""
+    memo = getattr(fake_mode.fake_tensor_converter, "meta_converter", None)
+    if memo is not None:
+        memo.tensor_memo.clear()
+
+
+def add_foreach_type(cls):
+    """torch.optim takes its foreach kernels for tensors of `cls` too (fake parameters);
+    returns the undo."""
+    from torch.optim import optimizer
+
+    supported = optimizer._foreach_supported_types
+    supported.append(cls)
+    return lambda: supported.remove(cls)
+
+
+def add_foreach_device(device: str):
+    """torch.optim takes its foreach kernels on `device` too (a meta trace stands for a GPU);
+    returns the undo."""
+    from torch.optim import optimizer
+
+    original = optimizer._get_foreach_kernels_supported_devices
+    optimizer._get_foreach_kernels_supported_devices = lambda: [*original(), device]
+    return lambda: setattr(optimizer, "_get_foreach_kernels_supported_devices", original)
+
+
+# ---------------------------------------------------------------- storages
+
+
+def storage_expired(torch):
+    """The test `key -> bool`: has the storage of this weak pointer (StorageWeakRef.cdata)
+    gone? The recorder's frees."""
+    return torch.UntypedStorage._expired
+
+
+def storage_use_count(torch, storage) -> int:
+    """How many references hold the storage: 2 from a tensor and its `untyped_storage()`
+    object means nothing else does (a free, or a gradient summed in place)."""
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
+def is_zero_tensor(tensor) -> bool:
+    """A ZeroTensor (autograd's undefined gradient): the engine sums into it out of place."""
+    return tensor._is_zerotensor()
+
+
+# ---------------------------------------------------------------- operators
+
+
+def schema_of(func):
+    """The operator's schema: its name, arguments, returns and whether it mutates."""
+    return func._schema
+
+
+def has_composite_kernel(torch, func) -> bool:
+    """Has the operator a C++ composite function (CompositeImplicitAutograd) to run instead?"""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+
+
+def composite_function(torch, func, args, kwargs):
+    """The operator's C++ composite function, the one a GPU runs. Not `OpOverload.decompose`:
+    that prefers a Python decomposition where one is registered, and aten.dropout's clones its
+    input outside training, where the C++ function returns the input itself (one block more
+    per dropout in an eval model, and another arrangement of the blocks after it)."""
+    return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+
+
+def autograd_node_running(torch) -> bool:
+    """Is the operator called from a backward node (autograd's thread on a GPU)?"""
+    return torch._C._current_autograd_node() is not None
+
+
+def is_pytree_node(cls) -> bool:
+    """Does pytree flatten objects of this type (a registered container)?"""
+    from torch.utils import _pytree
+
+    return cls in _pytree.SUPPORTED_NODES
+
+
+def cpp_frames() -> list[dict]:
+    """The calling thread's C++ frames, innermost first, named from the exported symbols
+    (dladdr: a hundred times faster than addr2line): who called the operator being
+    dispatched. Raises where the build has no unwinder."""
+    from torch._C._profiler import gather_traceback, symbolize_tracebacks
+
+    os.environ.setdefault("TORCH_SYMBOLIZE_MODE", "dladdr")
+    (frames,) = symbolize_tracebacks([gather_traceback(False, False, True)])
+    return frames
+
+
+def fused_sdp_choice(torch, query, key, value, **options) -> int:
+    """The SDPBackend value scaled_dot_product_attention would take for these tensors."""
+    return torch._fused_sdp_choice(query, key, value, **options)
+
+
+# ---------------------------------------------------------------- the CUDA allocator
+
+
+def record_memory_history(torch, **options) -> None:
+    """Starts recording the allocator's history of allocations and frees (the probes)."""
+    torch.cuda.memory._record_memory_history(**options)
+
+
+def stop_memory_history(torch) -> None:
+    """Stops recording the allocator's history."""
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def memory_snapshot(torch) -> dict:
+    """The allocator's segments and recorded history (`device_traces`, one list per GPU)."""
+    return torch.cuda.memory._snapshot()
+
+
+def cuda_in_bad_fork(torch) -> bool:
+    """Was CUDA initialised in the parent of this forked process? It does not survive a fork:
+    the launcher's child refuses to measure."""
+    return torch.cuda._is_in_bad_fork()
+
+
+def cublas_workspace_clearer(torch):
+    """torch._C._cuda_clearCublasWorkspaces, or None in a build without it: a probe starts
+    with no cuBLAS workspace kept, so that it sees the ones its operator allocates."""
+    return getattr(torch._C, "_cuda_clearCublasWorkspaces", None)

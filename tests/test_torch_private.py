@@ -1,0 +1,430 @@
+"""Each private PyTorch API the pipeline needs (torch_private.py) held to the behaviour the
+trace and the probes rely on, on the PyTorch at hand: a new release that changes one fails
+its own test here, by name, before any prediction moves."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import importlib
+import subprocess
+import sys
+import types
+
+import pytest
+import torch_private as tpv
+from conftest import PIPELINE
+
+torch = pytest.importorskip("torch")
+aten = torch.ops.aten
+
+
+def calls_seen(run):
+    """(operator, autograd node running?) of each operator call `run()` makes."""
+    seen = []
+
+    class Seen(tpv.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append((func, tpv.autograd_node_running(torch)))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        run()
+    return seen
+
+
+# ---------------------------------------------------------------- the version check
+
+
+@pytest.mark.parametrize(
+    ("version", "warned"),
+    [
+        ("2.9.0", True),
+        ("2.10.1", True),
+        ("2.11.0+cu130", False),
+        ("2.12.1", False),
+        ("2.13.0", False),
+        ("2.13.0+cpu", False),
+        ("2.14.0a0+git1234", True),
+        ("3.0.0", True),
+        ("nightly", True),
+    ],
+)
+def test_check_version_warns_outside_the_versions_read(version, warned):
+    warning = tpv.check_version(types.SimpleNamespace(__version__=version))
+    if warned:
+        assert warning is not None
+        assert "\n" not in warning
+        assert version in warning
+        assert "2.11 to 2.13" in warning
+    else:
+        assert warning is None
+
+
+def test_the_trace_notes_a_pytorch_outside_the_versions_read(monkeypatch):
+    import trace_prediction as tp
+
+    def drive(phase):
+        phase("one", lambda: torch.ones(4, device="meta") + 1)
+
+    assert tpv.VERSION_NOTE not in tp.run_trace(torch, "meta", drive).notes
+    monkeypatch.setattr(torch, "__version__", "2.9.0")
+    notes = tp.run_trace(torch, "meta", drive).notes
+    assert notes[tpv.VERSION_NOTE] == tpv.check_version(torch)
+
+
+def test_the_module_imports_without_torch_and_imports_nothing_on_import():
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); sys.modules['torch'] = None\n"
+        "import torch_private\n"
+        "print(torch_private.check_version(type('T', (), {'__version__': '2.12.0'})))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(PIPELINE)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "None\n"
+
+
+# ---------------------------------------------------------------- names re-exported
+
+
+@pytest.mark.parametrize("name", sorted(tpv.REEXPORTED))
+def test_each_reexported_name_is_pytorchs_own(name):
+    module, why = tpv.REEXPORTED[name]
+    assert getattr(tpv, name) is getattr(importlib.import_module(module), name)
+    assert why
+
+
+def test_a_name_not_reexported_is_an_attribute_error():
+    with pytest.raises(AttributeError):
+        tpv.no_such_name  # noqa: B018
+
+
+def test_fake_tensor_mode_makes_tensors_without_memory():
+    with tpv.FakeTensorMode(allow_non_fake_inputs=False, allow_fallback_kernels=False):
+        x = torch.empty(2**40, dtype=torch.uint8, device="meta")  # a tebibyte
+        y = x + 1
+    assert isinstance(y, tpv.FakeTensor)
+    assert y.untyped_storage().nbytes() == 2**40
+    assert y.untyped_storage() is not x.untyped_storage()
+
+
+def test_fake_tensor_tells_the_modes_tensors_from_real_meta_ones():
+    with tpv.FakeTensorMode():
+        fake = torch.empty(4, device="meta")
+    assert isinstance(fake, tpv.FakeTensor)
+    assert not isinstance(torch.empty(4, device="meta"), tpv.FakeTensor)
+
+
+def test_unset_fake_temporarily_makes_real_tensors_inside_the_mode():
+    with tpv.FakeTensorMode():
+        with tpv.unset_fake_temporarily():
+            real = torch.empty(4, device="meta")
+        fake = torch.empty(4, device="meta")
+    assert not isinstance(real, tpv.FakeTensor)
+    assert isinstance(fake, tpv.FakeTensor)
+
+
+def test_a_dispatch_mode_sees_each_operator_call():
+    a, b = torch.ones(2), torch.ones(2)
+    assert [func for func, _ in calls_seen(lambda: torch.mul(a + b, 2))] == [
+        aten.add.Tensor,
+        aten.mul.Tensor,
+    ]
+
+
+def test_storage_weak_refs_key_a_storage_whichever_tensor_holds_it():
+    x = torch.ones(8)
+    view, other = x[2:], torch.ones(8)
+    key = tpv.StorageWeakRef(x.untyped_storage()).cdata
+    assert tpv.StorageWeakRef(view.untyped_storage()).cdata == key
+    assert tpv.StorageWeakRef(other.untyped_storage()).cdata != key
+
+
+def test_tree_flatten_and_unflatten_give_the_call_back():
+    a, b = torch.ones(1), torch.zeros(2)
+    call = ((a, [b, None, 3]), {"dim": -1, "dtype": torch.float16})
+    leaves, spec = tpv.tree_flatten(call)
+    assert leaves == [a, b, None, 3, -1, torch.float16]
+    rebuilt = tpv.tree_unflatten(leaves, spec)
+    assert rebuilt[0][0] is a
+    assert rebuilt[0][1] == [b, None, 3]
+    assert rebuilt[1] == call[1]
+
+
+def test_tree_map_replaces_each_leaf():
+    a = torch.ones(1)
+    assert tpv.tree_map(lambda x: "t" if isinstance(x, torch.Tensor) else x, ([a, 1], {})) == (
+        ["t", 1],
+        {},
+    )
+
+
+def test_is_namedtuple_class_tells_named_tuples():
+    assert tpv.is_namedtuple_class(collections.namedtuple("Pair", "a b"))
+    assert not tpv.is_namedtuple_class(tuple)
+
+
+def test_is_pytree_node_names_the_containers_pytree_flattens():
+    assert all(tpv.is_pytree_node(cls) for cls in (tuple, list, dict))
+    assert not any(tpv.is_pytree_node(cls) for cls in (int, str, torch.Tensor))
+
+
+# ---------------------------------------------------------------- fake tensors
+
+
+def test_fake_tensor_limits_are_what_a_value_dependent_shape_raises():
+    limits = tpv.fake_tensor_limits()
+    assert len(limits) == 3
+    with tpv.FakeTensorMode():
+        x = torch.empty(4, device="meta")
+        with pytest.raises(limits) as dynamic:
+            torch.nonzero(x)
+        with pytest.raises(limits) as data:
+            x.sum().item()
+    assert type(dynamic.value) is not type(data.value)
+
+
+def test_forget_converted_tensors_empties_the_fake_modes_memo():
+    fake = tpv.FakeTensorMode()
+    real = torch.ones(3)
+    converted = fake.from_tensor(real)  # the memo holds it weakly
+    memo = fake.fake_tensor_converter.meta_converter.tensor_memo
+    assert len(memo) == 1
+    tpv.forget_converted_tensors(fake)
+    assert len(memo) == 0
+    assert isinstance(converted, tpv.FakeTensor)
+
+
+def test_add_foreach_type_lets_the_optimizers_take_foreach_for_it_and_undoes():
+    from torch.optim import optimizer
+
+    undo = tpv.add_foreach_type(tpv.FakeTensor)
+    try:
+        assert tpv.FakeTensor in optimizer._foreach_supported_types
+    finally:
+        undo()
+    assert tpv.FakeTensor not in optimizer._foreach_supported_types
+
+
+def test_add_foreach_device_lets_the_optimizers_take_foreach_there_and_undoes():
+    from torch.optim import optimizer
+
+    original = optimizer._get_foreach_kernels_supported_devices
+    undo = tpv.add_foreach_device("meta")
+    try:
+        assert optimizer._get_foreach_kernels_supported_devices() == [*original(), "meta"]
+    finally:
+        undo()
+    assert optimizer._get_foreach_kernels_supported_devices is original
+
+
+def test_fake_parameters_on_meta_take_the_foreach_kernels_with_both():
+    """What the tracer's patch is for: torch.optim's own choice, as on a GPU."""
+    from torch.optim import optimizer
+
+    with tpv.FakeTensorMode():
+        parameter = torch.nn.Parameter(torch.empty(4, device="meta"))
+    assert optimizer._default_to_fused_or_foreach([parameter], False, False) == (False, False)
+    undo = [tpv.add_foreach_type(tpv.FakeTensor), tpv.add_foreach_device("meta")]
+    try:
+        assert optimizer._default_to_fused_or_foreach([parameter], False, False) == (False, True)
+    finally:
+        for step in reversed(undo):
+            step()
+
+
+# ---------------------------------------------------------------- storages
+
+
+def test_storage_expired_says_when_the_last_reference_went():
+    expired = tpv.storage_expired(torch)
+    x = torch.ones(8)
+    ref = tpv.StorageWeakRef(x.untyped_storage())  # kept, as the recorder keeps it
+    view = x[1:]
+    del x
+    assert not expired(ref.cdata)  # the view holds the storage
+    del view
+    assert expired(ref.cdata)
+
+
+def test_storage_use_count_is_two_for_a_tensor_alone_and_more_with_a_view():
+    x = torch.ones(8)
+    storage = x.untyped_storage()
+    assert tpv.storage_use_count(torch, storage) == 2  # x and `storage`
+    view = x[1:]
+    assert tpv.storage_use_count(torch, storage) == 3
+    del view
+    assert tpv.storage_use_count(torch, storage) == 2
+
+
+def test_is_zero_tensor_tells_autograds_zero_tensors():
+    assert tpv.is_zero_tensor(torch._efficientzerotensor(2))
+    assert not tpv.is_zero_tensor(torch.zeros(2))
+
+
+# ---------------------------------------------------------------- operators
+
+
+def test_schema_of_gives_the_name_arguments_returns_and_mutability():
+    schema = tpv.schema_of(aten.add.Tensor)
+    assert schema.name == "aten::add"
+    assert [a.name for a in schema.arguments] == ["self", "other", "alpha"]
+    assert not schema.is_mutable
+    assert tpv.schema_of(aten.add_.Tensor).is_mutable
+    returns = tpv.schema_of(aten._scaled_dot_product_efficient_attention.default).returns
+    assert [r.name for r in returns][-2:] == ["philox_seed", "philox_offset"]
+
+
+def test_has_composite_kernel_for_layer_norm_not_for_mm():
+    assert tpv.has_composite_kernel(torch, aten.layer_norm.default)
+    assert tpv.has_composite_kernel(torch, aten.dropout.default)
+    assert not tpv.has_composite_kernel(torch, aten.mm.default)
+
+
+def test_composite_function_of_dropout_outside_training_returns_the_input_itself():
+    """The C++ function a GPU runs; PyTorch's Python decomposition clones instead."""
+    x = torch.ones(3)
+    assert tpv.composite_function(torch, aten.dropout.default, (x, 0.5, False), {}) is x
+    assert aten.dropout.default.decompose(x, 0.5, False) is not x
+
+
+def test_composite_function_makes_the_inner_calls():
+    x = torch.ones(2, 8)
+    seen = calls_seen(lambda: tpv.composite_function(torch, aten.layer_norm.default, (x, [8]), {}))
+    assert aten.native_layer_norm.default in [func for func, _ in seen]
+    assert aten.layer_norm.default not in [func for func, _ in seen]
+
+
+def test_autograd_node_running_in_backward_only():
+    a = torch.ones(3, requires_grad=True)
+    loss = []
+    forward = calls_seen(lambda: loss.append((a * 2).sum()))
+    backward = calls_seen(lambda: loss[0].backward())
+    assert [func for func, _ in forward] == [aten.mul.Tensor, aten.sum.default]
+    assert not any(running for _, running in forward)
+    assert [running for func, running in backward if func == aten.mul.Tensor] == [True]
+    assert not tpv.autograd_node_running(torch)
+
+
+def test_cpp_frames_name_the_operators_caller():
+    names = []
+
+    class Frames(tpv.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is aten.add.Tensor:
+                names.extend(frame["name"] for frame in tpv.cpp_frames())
+            return func(*args, **(kwargs or {}))
+
+    with Frames():
+        torch.ones(2) + torch.ones(2)
+    entries = [i for i, name in enumerate(names) if name.startswith("at::_ops::add_Tensor::call(")]
+    assert entries
+    assert entries[-1] + 1 < len(names)  # a caller after it, as trace_prediction.cpp_caller reads
+
+
+def test_fused_sdp_choice_names_an_sdp_backend():
+    from torch.nn.attention import SDPBackend
+
+    q = torch.randn(2, 4, 8, 16)
+    choice = tpv.fused_sdp_choice(torch, q, q, q, is_causal=True, enable_gqa=False)
+    assert choice in {member.value for member in SDPBackend.__members__.values()}
+    assert choice == torch._fused_sdp_choice(q, q, q, is_causal=True, enable_gqa=False)
+
+
+# ---------------------------------------------------------------- the CUDA allocator
+
+
+def test_the_memory_history_functions_exist_in_this_pytorch():
+    for name in ("_record_memory_history", "_snapshot"):
+        assert callable(getattr(torch.cuda.memory, name))
+
+
+def test_record_and_stop_memory_history_forward_to_pytorch(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda **kw: calls.append(kw))
+    tpv.record_memory_history(torch, enabled="all", context=None, max_entries=10)
+    tpv.stop_memory_history(torch)
+    assert calls == [{"enabled": "all", "context": None, "max_entries": 10}, {"enabled": None}]
+
+
+def test_memory_snapshot_is_pytorchs(monkeypatch):
+    snapshot = {"segments": [], "device_traces": [[]]}
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: snapshot)
+    assert tpv.memory_snapshot(torch) is snapshot
+
+
+@pytest.mark.gpu
+def test_the_memory_history_records_an_allocation_on_a_gpu():
+    device = torch.device("cuda", torch.cuda.current_device())
+    tpv.record_memory_history(torch, enabled="all", context=None)
+    try:
+        x = torch.empty(3 * 2**20 + 512, dtype=torch.uint8, device=device)
+        torch.cuda.synchronize(device)
+        events = tpv.memory_snapshot(torch)["device_traces"][device.index]
+    finally:
+        tpv.stop_memory_history(torch)
+    assert any(e["action"] == "alloc" and e["addr"] == x.data_ptr() for e in events)
+
+
+def test_cuda_in_bad_fork_is_false_in_a_process_that_forked_nothing():
+    assert tpv.cuda_in_bad_fork(torch) is False
+    flagged = types.SimpleNamespace(cuda=types.SimpleNamespace(_is_in_bad_fork=lambda: True))
+    assert tpv.cuda_in_bad_fork(flagged) is True
+
+
+def test_cublas_workspace_clearer_is_the_builds_or_none():
+    def clear():
+        return None
+
+    with_it = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_clearCublasWorkspaces=clear))
+    assert tpv.cublas_workspace_clearer(with_it) is clear
+    assert tpv.cublas_workspace_clearer(types.SimpleNamespace(_C=types.SimpleNamespace())) is None
+    found = tpv.cublas_workspace_clearer(torch)
+    assert found is getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if torch.version.cuda:
+        assert callable(found)
+
+
+# ---------------------------------------------------------------- one place
+
+
+KIT = {"mesure_memoire.py", "calcul_forfaits.py"}  # the kit stands alone: not held to this
+PRIVATE_ATTRIBUTES = {
+    "_schema", "_op_dk", "_cdata", "_expired", "_is_zerotensor", "_storage_Use_Count",
+    "_current_autograd_node", "_record_memory_history", "_snapshot", "_fused_sdp_choice",
+    "_foreach_supported_types", "_get_foreach_kernels_supported_devices", "_is_in_bad_fork",
+}  # fmt: skip
+
+
+def private_uses(tree) -> list[str]:
+    """Imports of torch's private modules or names, attributes that start with `_` on a chain
+    from the name `torch` (dunders aside), and the private attributes the pipeline used."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+            names = [*node.module.split("."), *(alias.name for alias in node.names)]
+            found += [f"from {node.module} import" for name in names if name.startswith("_")]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("torch.") and "._" in a.name]
+        elif isinstance(node, ast.Attribute):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            rooted = isinstance(base, ast.Name) and base.id == "torch"
+            private = [a for a in chain if a.startswith("_") and not a.startswith("__")]
+            if (rooted and private) or node.attr in PRIVATE_ATTRIBUTES:
+                found.append(".".join(reversed(chain)))
+    return found
+
+
+def test_the_pipeline_reaches_pytorchs_private_apis_through_torch_private_only():
+    found = {
+        str(path.relative_to(PIPELINE)): uses
+        for path in sorted(PIPELINE.rglob("*.py"))
+        if path.name not in KIT | {"torch_private.py"}
+        and (uses := private_uses(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert found == {}
