@@ -37,6 +37,14 @@ from pathlib import Path
 
 import cli
 import mesure_memoire
+from decoder_rules import (  # noqa: F401 (decoder.SCHEMA, decoder.row_plan... stay)
+    CALIBRATION_SCHEMA,
+    SCHEMA,
+    TEXT_TERMS,
+    calibration_facts,
+    first_position,
+    row_plan,
+)
 from decoder_shape import (  # noqa: F401 (decoder.Shape, decoder.PRESETS... stay)
     BACKEND_NAMES,
     PRESETS,
@@ -46,8 +54,6 @@ from decoder_shape import (  # noqa: F401 (decoder.Shape, decoder.PRESETS... sta
 )
 
 TOOL = {"name": "decoder.py", "version": "1.0.0"}
-SCHEMA = "urn:iteragpu-lab:schema:decoder-measurement:v1"
-CALIBRATION_SCHEMA = "urn:iteragpu-lab:schema:decoder-calibration:v1"
 ROOT = Path(__file__).resolve().parent.parent
 CALIBRATIONS = ROOT / "runs"  # committed calibrations: runs/<id>/decoder-calibration.json
 DTYPE_BYTES = mesure_memoire.DTYPE_BYTES
@@ -171,40 +177,6 @@ def evaluate(formula, terms: dict, where: str) -> int:
     raise CalibrationError(f"{where}: not a formula: {json.dumps(formula)}")
 
 
-TEXT_TERMS = ("dtype", "backend")  # the terms whose values are names, not numbers
-
-
-def calibration_facts(document: dict) -> list[str]:
-    """What the calibration schema cannot say: a range or a size is over numbers, so it never
-    names a term whose value is a name (dtype, backend); validate.py applies this to every
-    calibration, and so does the predictor before it reads one."""
-    errors = []
-
-    def formula_terms(formula, where: str) -> None:
-        if isinstance(formula, str) and formula in TEXT_TERMS:
-            errors.append(f"{where}: a size cannot be the name-valued term {formula!r}")
-        elif isinstance(formula, dict):
-            for arguments in formula.values():
-                for argument in arguments:
-                    formula_terms(argument, where)
-
-    def condition(when: dict, where: str) -> None:
-        for key, wanted in when.items():
-            if key in TEXT_TERMS and isinstance(wanted, dict):
-                errors.append(f"{where}.{key}: a range, but {key} is a name, not a number")
-
-    condition(document.get("covers", {}), "$.covers")
-    for i, entry in enumerate(document.get("attention_backends", [])):
-        condition(entry.get("when", {}), f"$.attention_backends[{i}].when")
-    for i, entry in enumerate(document["sites"]):
-        condition(entry.get("when", {}), f"$.sites[{i}].when")
-        for j, block in enumerate(entry["blocks"]):
-            for key, value in block.items():
-                if key in ("bytes", "requested_bytes"):
-                    formula_terms(value, f"$.sites[{i}].blocks[{j}].{key}")
-    return errors
-
-
 def matches(when: dict, terms: dict, where: str) -> bool:
     """Every condition holds: a value, a list of values, or {"min": a, "max": b}."""
     for key, wanted in when.items():
@@ -240,7 +212,7 @@ class Calibration:
     def load(cls, path: Path) -> Calibration:
         """A calibration that validates as validate.py validates it: its schema and its facts
         (one line, exit 2, otherwise)."""
-        import validate  # validate imports this module: read here, when a file is loaded
+        import validate  # jsonschema: only when a file is loaded
 
         read = validate.checked(path, (CALIBRATION_SCHEMA,), "a decoder calibration")
         return cls(read.document, recorded_path(path), hashlib.sha256(read.data).hexdigest())
@@ -623,27 +595,6 @@ class Mirror:
             self.free(token)
             token = following
         holder.append(token)
-
-
-def row_plan(run: dict) -> list[tuple[str, int | None, int, int]]:
-    """The generation rows after the weights and the cache: (phase, repetition, first token
-    index, tokens). The prefill makes token 0; warm-up the next `warmup`; then a decode row
-    per `tokens_per_row` tokens (the last row may hold fewer)."""
-    plan: list[tuple[str, int | None, int, int]] = [("prefill", None, 0, 1)]
-    plan.append(("warmup", None, 1, run["warmup"]))
-    first, repetition = 1 + run["warmup"], 1
-    while first < run["new_tokens"]:
-        count = min(run["tokens_per_row"], run["new_tokens"] - first)
-        plan.append(("decode", repetition, first, count))
-        first, repetition = first + count, repetition + 1
-    return plan
-
-
-def first_position(run: dict, phase: str, first: int) -> int:
-    """The first cache position a row writes: the prompt's from 0, token i's input at P + i - 1."""
-    return (
-        0 if phase in ("model_load", "inputs_and_cache", "prefill") else run["prompt"] + first - 1
-    )
 
 
 def predict(shape: Shape, run: dict, calibration: Calibration | None = None, dispatch=False):

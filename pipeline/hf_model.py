@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 
 import cli
+from workload_contract import Workload, WorkloadFile
 
 TASKS = ("inference", "generate", "training", "lora")
 SEQUENCE, NEW_TOKENS, LORA_RANK = 128, 16, 8
@@ -147,14 +148,12 @@ def workload_source(config: dict, task: str, kind: str, checkpointing: bool) -> 
 
 
 def workload_file(path: Path, task: str, checkpointing: bool):
-    """own_model.WorkloadFile for a config.json: named and hashed by the config's bytes."""
-    import own_model
-
+    """A WorkloadFile for a config.json: named and hashed by the config's bytes."""
     config = read_config(path)
     kind = check(config, task, path)
     source = workload_source(config, task, kind, checkpointing)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return own_model.WorkloadFile(path, function_name(task, checkpointing), source, digest)
+    return WorkloadFile(path, function_name(task, checkpointing), source, digest)
 
 
 # ---------------------------------------------------------------- inside the workload
@@ -164,7 +163,6 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
     """The Workload (own_model's contract) for this model and task."""
     import torch
     import transformers
-    from own_model import Workload
 
     settings = transformers.AutoConfig.for_model(**hf)
     auto, kind = head_of(transformers, settings)

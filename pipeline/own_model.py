@@ -11,10 +11,11 @@
 
 The workload file defines FUNCTION(config, *, name=default, ...): `config` has `device`,
 `dtype`, `batch` and `seed`; the keyword-only parameters with integer defaults are the
-workload's own dimensions (`--dim name=value`). It returns a `Workload` (below). `measure`
-runs it in this fresh process phase by phase (synchronise, baseline, peak reset, run,
-synchronise, end values: mesure_memoire.run_phase), after tracing it once on fake tensors to
-predict every counter (trace_prediction.py); `estimate` prints that prediction, no GPU.
+workload's own dimensions (`--dim name=value`). It returns a `Workload` (workload_contract.py,
+re-exported here). `measure` runs it in this fresh process phase by phase (synchronise,
+baseline, peak reset, run, synchronise, end values: mesure_memoire.run_phase), after tracing
+it once on fake tensors to predict every counter (trace_prediction.py); `estimate` prints
+that prediction, no GPU.
 
 Exit codes: 0 done; 1 the workload's own code raised (its traceback on stderr; `measure`
 writes the run with status "failed" and the exception's type, never a measurement); 2 bad
@@ -35,22 +36,30 @@ import itertools
 import json
 import pickle
 import re
-import statistics
 import sys
 import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import cli
 import gpu_calibration
 import mesure_memoire
 import torch_private
 import trace_prediction
+from own_model_facts import (  # noqa: F401 (own_model.document_facts, own_model.SCHEMA... stay)
+    SCHEMA,
+    bounds_facts,
+    bounds_held,
+    compare,
+    counter_facts,
+    document_facts,
+    prediction_peak_facts,
+    summarise,
+)
+from workload_contract import Configuration, Workload, WorkloadFile
 
 TOOL = {"name": "own_model.py", "version": "1.0.0"}
-SCHEMA = "urn:iteragpu-lab:schema:own-model-measurement:v1"
 INFERENCE, STEP, TRAINING = "inference", "custom step", "training"
 DEFAULTS = {key: mesure_memoire.CONFIGURATION_DEFAULTS[key] for key in ("batch", "warmup")}
 DEFAULTS.update(repeats=mesure_memoire.CONFIGURATION_DEFAULTS["repeats"], dtype="float32")
@@ -83,55 +92,12 @@ FAILED_NOTE = (
 # ---------------------------------------------------------------- the contract
 
 
-@dataclasses.dataclass
-class Workload:
-    """What a workload function returns.
-
-    model: a torch.nn.Module whose parameters and buffers are all on `config.device`.
-    make_inputs: make_inputs() returns the inputs, on `config.device`: a tensor, a tuple or
-        list (the model's positional arguments) or a dict (its keyword arguments).
-    step: without an optimizer, step(model, inputs) is the step timed instead of the default
-        forward under torch.inference_mode(). With an optimizer, step(model, inputs) returns
-        the loss (one value that requires grad) and the harness calls loss.backward() and
-        optimizer.step() itself, so that the first optimizer step is a phase of its own.
-        Either way the step returns what it computed (a tensor, or a tuple, list or dict
-        holding tensors): the protocol reads each phase's end values with the result alive
-        and frees it before the next phase. A step that returned nothing would have dropped
-        its result inside (end values without it) or kept it somewhere (memory carried into
-        every later phase): neither is the row the protocol defines, so it is refused.
-    optimizer: a torch.optim.Optimizer over the model's parameters: a training step.
-    """
-
-    model: Any
-    make_inputs: Callable[[], Any]
-    step: Callable[[Any, Any], Any] | None = None
-    optimizer: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Configuration:
-    """What the workload function receives: put everything on `device`, in `dtype`."""
-
-    device: Any  # torch.device; a fake one while the workload is traced
-    dtype: Any  # torch.dtype
-    batch: int
-    seed: int
-
-
 class UserCodeError(Exception):
     """An exception raised by the workload's own code: theirs, shown with its traceback."""
 
     def __init__(self, phase: str, repetition: int | None, original: BaseException):
         super().__init__(f"{type(original).__name__} in {phase}")
         self.phase, self.repetition, self.original = phase, repetition, original
-
-
-@dataclasses.dataclass
-class WorkloadFile:
-    path: Path
-    function: str
-    source: str
-    sha256: str
 
 
 def workload_argument(text: str) -> tuple[Path, str]:
@@ -597,69 +563,6 @@ def prediction_record(trace, prediction, calibration_source: str | None) -> dict
     return record
 
 
-def compare(document: dict) -> None:
-    """Each measured row gets its predicted counters; the summary the largest differences."""
-    predicted = document["prediction"]["phases"]
-    phases = document["phases"]
-    for row, expected in itertools.zip_longest(phases, predicted[: len(phases)]):
-        row["predicted"] = (
-            {k: expected[k] for k in mesure_memoire.COUNTER_KEYS} if expected else None
-        )
-    summary = document["summary"]["prediction"]
-    if document["prediction"]["status"] == trace_prediction.NOT_PREDICTED or not phases:
-        summary.update(by_counter=None, held=None, bounds_held=None)
-        summary["largest_abs_difference_allocated_bytes"] = None
-        summary["largest_abs_difference_reserved_bytes"] = None
-        return
-    by_counter = {
-        key: max(abs(row[key] - row["predicted"][key]) for row in phases)
-        for key in mesure_memoire.COUNTER_KEYS
-    }
-    summary["by_counter"] = by_counter
-    summary["largest_abs_difference_allocated_bytes"] = max(
-        v for k, v in by_counter.items() if "allocated" in k
-    )
-    summary["largest_abs_difference_reserved_bytes"] = max(
-        v for k, v in by_counter.items() if "reserved" in k
-    )
-    exact = document["prediction"]["status"] == trace_prediction.EXACT
-    summary["held"] = not any(by_counter.values()) if exact else None
-    summary["bounds_held"] = bounds_held(document)
-
-
-def bounds_held(document: dict) -> bool | None:
-    """Every measured row's peaks inside its predicted bounds; None without bounds."""
-    bounds = document["prediction"].get("bounds")
-    if bounds is None:
-        return None
-    return all(
-        found[key]["lower"] <= row[key] <= found[key]["upper"]
-        for row, found in zip(document["phases"], bounds["phases"], strict=False)
-        for key in trace_prediction.PEAK_KEYS
-    )
-
-
-def summarise(document: dict) -> dict:
-    phases = document["phases"]
-    warm = [row for row in phases if row["phase"] == "warm_step"]
-    summary = {
-        "phases_completed": len(phases),
-        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
-        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
-        "warm_step_median_event_time_ns": (
-            statistics.median(r["event_time_ns"] for r in warm) if warm else None
-        ),
-        "warm_step_median_wall_time_ns": (
-            statistics.median(r["wall_time_ns"] for r in warm) if warm else None
-        ),
-    }
-    applicable, because = mesure_memoire.prediction_applicability(document["environment"])
-    summary["prediction"] = {"status": document["prediction"]["status"], "applicable": applicable}
-    if not applicable:
-        summary["prediction"]["not_applicable_because"] = because
-    return summary
-
-
 class Gpu:
     """Everything `measure` asks of the GPU, in one place: the tests stand a CPU in for it."""
 
@@ -885,112 +788,6 @@ def measure(args, gpu: Gpu) -> int:
     return code
 
 
-# ---------------------------------------------------------------- facts a schema cannot state
-
-
-def document_facts(document: dict) -> list[str]:
-    """For validate.py: the rows follow the plan, their counters are consistent, and the
-    summary and the predictions beside them say what the rows say. Each error has its path."""
-    if document["status"] == "predicted":
-        return prediction_peak_facts(document["prediction"])
-    errors = []
-    rows, record = document["phases"], document["workload"]
-    names = [row["phase"] for row in rows]
-    planned = record["phases_planned"] or []
-    if record["phases_run"] != names:
-        errors.append("$.workload.phases_run: not the phases of the rows")
-    if names != planned[: len(names)]:
-        errors.append(f"$.phases: {names} do not follow the plan {planned}")
-    status = document["status"]
-    if status == "completed" and names != planned:
-        errors.append(f"$.phases: {len(names)} rows, the plan has {len(planned)}")
-    if status != "completed":
-        failure = document["failure"]
-        expected = (
-            "import" if failure["phase"] == "import" else planned[len(names) : len(names) + 1]
-        )
-        if failure["phase"] == "import" and names:
-            errors.append("$.failure.phase: import, but phases ran")
-        elif failure["phase"] != "import" and [failure["phase"]] != expected and planned:
-            errors.append(f"$.failure.phase: {failure['phase']!r}, the next planned is {expected}")
-    warm = [row.get("repetition") for row in rows if row["phase"] == "warm_step"]
-    if warm != list(range(1, len(warm) + 1)):
-        errors.append(f"$.phases: warm_step repetitions {warm} are not 1, 2, ...")
-    for i, row in enumerate(rows):
-        errors += counter_facts(f"$.phases[{i}]", row)
-        want = document["configuration"]["warmup"] if row["phase"] == "warmup" else 1
-        if row["passes"] != want:
-            errors.append(f"$.phases[{i}].passes: {row['passes']}, expected {want}")
-    if status == "failed":
-        return errors
-    errors += prediction_peak_facts(document["prediction"])
-    predicted = document["prediction"]["phases"]
-    for i, row in enumerate(rows):
-        if row["harness_overhead_ns"] != row["wall_time_ns"] - row["event_time_ns"]:
-            errors.append(f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns")
-        expected = None
-        if i < len(predicted):
-            expected = {key: predicted[i][key] for key in mesure_memoire.COUNTER_KEYS}
-        if row["predicted"] != expected:
-            errors.append(f"$.phases[{i}].predicted: not $.prediction.phases[{i}]")
-    summary = document["summary"]
-    expected_summary = summarise(document)
-    for key in ("phases_completed", "largest_peak_allocated_bytes", "largest_peak_reserved_bytes"):
-        if summary[key] != expected_summary[key]:
-            errors.append(f"$.summary.{key}: {summary[key]}, the rows give {expected_summary[key]}")
-    copy = {"phases": [dict(row) for row in rows], "prediction": document["prediction"]}
-    copy["summary"] = {"prediction": {}}
-    compare(copy)
-    for key, value in copy["summary"]["prediction"].items():
-        if summary["prediction"].get(key) != value:  # bounds_held: absent in older files
-            errors.append(
-                f"$.summary.prediction.{key}: {summary['prediction'][key]}, the rows give {value}"
-            )
-    return errors
-
-
-def counter_facts(where: str, row: dict) -> list[str]:
-    """Allocated is part of reserved; a peak is at least the start and the end."""
-    errors = []
-    for prefix in ("baseline_", "", "peak_"):
-        if row[f"{prefix}allocated_bytes"] > row[f"{prefix}reserved_bytes"]:
-            errors.append(f"{where}: {prefix}allocated_bytes > {prefix}reserved_bytes")
-    for kind in ("allocated", "reserved"):
-        for start in (f"baseline_{kind}_bytes", f"{kind}_bytes"):
-            if row[f"peak_{kind}_bytes"] < row[start]:
-                errors.append(f"{where}: peak_{kind}_bytes < {start}")
-    return errors
-
-
-def prediction_peak_facts(prediction: dict) -> list[str]:
-    errors = []
-    for i, row in enumerate(prediction["phases"]):
-        errors += counter_facts(f"$.prediction.phases[{i}]", row)
-    for kind in ("allocated", "reserved"):
-        largest = max((r[f"peak_{kind}_bytes"] for r in prediction["phases"]), default=None)
-        if prediction[f"largest_peak_{kind}_bytes"] != largest:
-            errors.append(f"$.prediction.largest_peak_{kind}_bytes: not the phases' largest")
-    return errors + bounds_facts(prediction)
-
-
-def bounds_facts(prediction: dict) -> list[str]:
-    """Bounds, one per predicted row, of that row, around its predicted peaks."""
-    if "bounds" not in prediction:
-        return []
-    found, rows = prediction["bounds"]["phases"], prediction["phases"]
-    if len(found) != len(rows):
-        return [f"$.prediction.bounds.phases: {len(found)} rows, the prediction has {len(rows)}"]
-    errors = []
-    for i, (bound, row) in enumerate(zip(found, rows, strict=True)):
-        where = f"$.prediction.bounds.phases[{i}]"
-        if (bound["phase"], bound.get("repetition")) != (row["phase"], row.get("repetition")):
-            errors.append(f"{where}: not the row of $.prediction.phases[{i}]")
-        for key in trace_prediction.PEAK_KEYS:
-            if not bound[key]["lower"] <= row[key] <= bound[key]["upper"]:
-                errors.append(f"{where}.{key}: the prediction {row[key]} is outside its bounds")
-    return errors
-
-
 # ---------------------------------------------------------------- estimate (no GPU)
 
 
@@ -1042,7 +839,7 @@ def estimate(args) -> int:
 def read_calibration(path: Path):
     """An own-model measurement's calibration, for operator calls with the same signatures:
     a file that validates as validate.py validates it, measured with a calibration."""
-    import validate  # validate imports this module for its facts: read here, when needed
+    import validate  # jsonschema: read here, when needed
 
     document = validate.checked(path, (SCHEMA,), "an own_model.py measurement").document
     if "calibration" not in document:

@@ -47,7 +47,7 @@ except ImportError as exc:  # the GPU host's Python may lack them: say what to i
     raise SystemExit(2) from None
 
 import cli
-import decoder
+import decoder_rules
 import mesure_memoire
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,12 +56,12 @@ KIT_GRID = ROOT / "data" / "resultats-bruts.csv"  # the kit's empty grid: the lo
 PROTOCOL = ROOT / "data" / "protocole-qualite.md"
 ENVIRONMENT = "urn:iteragpu-lab:schema:environment:v1"
 MEASUREMENTS = ("urn:iteragpu-lab:schema:measurement:v1", "urn:iteragpu-lab:schema:measurement:v2")
-DECODER = decoder.SCHEMA
+DECODER = decoder_rules.SCHEMA
 OWN_MODEL = "urn:iteragpu-lab:schema:own-model-measurement:v1"
 RESULTS_ROW = "urn:iteragpu-lab:schema:results-row:v1"
 PHASE_PREDICTION = "urn:iteragpu-lab:schema:phase-prediction:v1"  # estimate --phases --json
 SWEEP = "urn:iteragpu-lab:schema:sweep:v1"
-CALIBRATION = decoder.CALIBRATION_SCHEMA
+CALIBRATION = decoder_rules.CALIBRATION_SCHEMA
 HF_ZOO = "urn:iteragpu-lab:schema:hf-zoo-grid:v1"  # tests/benchmarks/hf_zoo_grid.py
 # A run folder's files: their names promise their kind.
 NAMED_KINDS = {
@@ -328,9 +328,11 @@ def prediction_facts(document: dict) -> list[str]:
 def decoder_plan(run: dict) -> list[tuple[str, int | None, int, int, int]]:
     """(phase, repetition, tokens, passes, first position) of every row decoder.py writes."""
     plan = [("model_load", None, 0, 0, 0), ("inputs_and_cache", None, 0, 0, 0)]
-    for phase, repetition, first, count in decoder.row_plan(run):
+    for phase, repetition, first, count in decoder_rules.row_plan(run):
         passes = 1 if phase == "prefill" else count
-        plan.append((phase, repetition, count, passes, decoder.first_position(run, phase, first)))
+        plan.append(
+            (phase, repetition, count, passes, decoder_rules.first_position(run, phase, first))
+        )
     return plan
 
 
@@ -600,7 +602,7 @@ def document_facts(document: dict) -> list[str]:
     if schema == HF_ZOO:
         return hf_zoo_facts(document)
     if schema == CALIBRATION:
-        return decoder.calibration_facts(document)
+        return decoder_rules.calibration_facts(document)
     if schema == ENVIRONMENT:
         return environment_facts("$.environment", document["environment"])
     if schema == PHASE_PREDICTION:
@@ -608,9 +610,9 @@ def document_facts(document: dict) -> list[str]:
     if schema == DECODER:
         errors = decoder_facts(document) + calibration_run_facts(document)
     elif schema == OWN_MODEL:
-        import own_model  # its facts live with it; imported only for its files (~70 ms)
+        import own_model_facts  # imported only for its files (trace_prediction's names)
 
-        errors = own_model.document_facts(document)
+        errors = own_model_facts.document_facts(document)
     elif schema in MEASUREMENTS:
         errors = measurement_facts(document) + prediction_facts(document)
     else:
