@@ -1791,15 +1791,24 @@ def device_bytes(signature: Signature) -> int:
     )
 
 
+def attention_scores(signature: Signature) -> tuple[int, int, int] | None:
+    """For an attention left whole: (batch x heads, queries, keys) of its score matrix."""
+    tensors = [leaf for leaf in signature.leaves if call_keys.is_tensor_leaf(leaf)]
+    if packet(signature.name) != SDPA or len(tensors) < 2:
+        return None
+    query, key = tensors[0][2], tensors[1][2]
+    if len(query) < 2 or len(key) < 2:
+        return None
+    return math.prod(query[:-2]), query[-2], key[-2]
+
+
 def scratch_bound(signature: Signature, outputs: int) -> int:
     """The most scratch an operator call nobody measured may take (SCRATCH_FACTOR, and for
     an attention left whole MATH_SCORES score matrices)."""
     bound = SCRATCH_FACTOR * (device_bytes(signature) + outputs)
-    tensors = [leaf for leaf in signature.leaves if call_keys.is_tensor_leaf(leaf)]
-    if packet(signature.name) == SDPA and len(tensors) >= 2:
-        query, key = tensors[0][2], tensors[1][2]
-        if len(query) >= 2 and len(key) >= 2:
-            bound += MATH_SCORES * 4 * math.prod(query[:-2]) * query[-2] * key[-2]
+    scores = attention_scores(signature)
+    if scores is not None:
+        bound += MATH_SCORES * 4 * math.prod(scores)
     return bound
 
 
@@ -1808,12 +1817,10 @@ def scratch_blocks(signature: Signature, outputs: int) -> tuple[int, ...]:
     with its outputs: its scratch bound, and for an attention left whole the math kernel's
     causal mask (MASK_BYTES_PER_SCORE, and the 4-byte scalar)."""
     blocks = (scratch_bound(signature, outputs),)
-    tensors = [leaf for leaf in signature.leaves if call_keys.is_tensor_leaf(leaf)]
-    if packet(signature.name) == SDPA and len(tensors) >= 2:
-        query, key = tensors[0][2], tensors[1][2]
-        if len(query) >= 2 and len(key) >= 2:
-            scores = query[-2] * key[-2]
-            blocks += (*(scores * n for n in MASK_BYTES_PER_SCORE), 4)
+    scores = attention_scores(signature)
+    if scores is not None:
+        _, queries, keys = scores
+        blocks += (*(queries * keys * n for n in MASK_BYTES_PER_SCORE), 4)
     return blocks
 
 
