@@ -44,10 +44,11 @@ def layout(shape, stride) -> str:
     return f"{''.join(map(str, order))}{'c' if contiguous(shape, stride) else 'n'}"
 
 
-def rule_key(name: str, leaves: list) -> str:
+def rule_key(name: str, leaves: list, integers: bool = True) -> str:
     """An operator call without its tensors' sizes: each device tensor by dtype and layout, a
     host tensor whole, a float as `float` (a scale, a probability, an epsilon), every other
-    argument by value (a dimension, a flag)."""
+    argument by value (a dimension, a flag), integers too unless `integers` is False (a
+    formula's key: the attention backward kernels take the lengths again as integers)."""
     kinds = []
     for leaf in leaves:
         if is_tensor_leaf(leaf):
@@ -58,6 +59,8 @@ def rule_key(name: str, leaves: list) -> str:
                 kinds.append(repr(leaf))
         elif isinstance(leaf, float):
             kinds.append("float")
+        elif not integers and isinstance(leaf, int) and not isinstance(leaf, bool):
+            kinds.append("int")
         else:
             kinds.append(repr(leaf))
     return f"{name}({', '.join(kinds)})"

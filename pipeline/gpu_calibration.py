@@ -17,6 +17,12 @@ calibration file gathers such probes, made on one GPU with one PyTorch, so that
   whose tensors' sizes lie, dimension by dimension, within those probed (its domain): the
   probes show its kernels' scratch does not depend on the shapes there, and nothing is
   claimed outside. Operators whose scratch depends on values are never generalised;
+- an operator whose kernel's scratch grows with the shapes (the attention backward kernels)
+  takes the sizes of a formula (kernel_formulas.py) where the formula matched every probe
+  of that form, SHAPE_RULE_MIN shapes or more, each block's size and the order of the steps,
+  and the call's sizes lie within those probed: a formula rule;
+- a reduction (sum, mean, amax, argmax...) takes the blocks PyTorch's reduction kernel
+  allocates on that GPU by the kernel's own arithmetic (reduce_scratch.py), probed or not;
 - everything else is not covered: the prediction says approximate and gives bounds.
 
 `build` makes the file from a folder of probe documents (what the GPU script wrote, kept as
@@ -35,6 +41,8 @@ import sys
 from pathlib import Path
 
 import cli
+import kernel_formulas
+import reduce_scratch
 import trace_prediction
 from call_keys import form, layout, rule_key, sizes, within  # noqa: F401 (gc.form... stay)
 
@@ -80,11 +88,48 @@ def abstract(template: list) -> list:
     return [dict(step, bytes=None) if step["kind"] == "output" else dict(step) for step in template]
 
 
+def structure(template: list) -> list:
+    """A template with every size left out: a formula rule's steps, filled per call."""
+    return [dict(step, bytes=None) if "bytes" in step else dict(step) for step in template]
+
+
+def formula_rules(found: dict) -> tuple[dict, list]:
+    """(rules, keys where the formula missed a probe) from {key: [(structure, matched,
+    sizes)]}: a rule where every probe of the key matched, with one structure for each
+    number of blocks the formula gives (a kernel may take a workspace or not)."""
+    accepted, missed = {}, []
+    for key, probes in sorted(found.items()):
+        if not all(matched for _, matched, _ in probes):
+            missed.append(key)
+            continue
+        shapes = {json.dumps(probed): probed for _, _, probed in probes}
+        structures: dict = {}
+        for steps, _, _ in probes:
+            blocks = str(sum(step["kind"] == "internal" for step in steps))
+            structures.setdefault(blocks, set()).add(json.dumps(steps, sort_keys=True))
+        if any(len(texts) != 1 for texts in structures.values()):
+            continue
+        if len(shapes) < SHAPE_RULE_MIN:
+            continue
+        per_tensor = list(zip(*shapes.values(), strict=True))
+        accepted[key] = {
+            "formula": kernel_formulas.FORMULAS[key.split("(")[0]].__name__,
+            "templates": {n: json.loads(texts.pop()) for n, texts in sorted(structures.items())},
+            "domain": [
+                [[min(dims) for dims in zip(*each, strict=True)] for each in per_tensor],
+                [[max(dims) for dims in zip(*each, strict=True)] for each in per_tensor],
+            ],
+            "shapes": len(shapes),
+        }
+    return accepted, missed
+
+
 def build(documents: list[dict]) -> dict:
     """The calibration file's content from probe documents (one per traced workload)."""
     signatures: dict = {}
     output_only: set = set()
     rules: dict = {}  # rule_key -> {json of abstract template: [sizes of each probe]}
+    formulas: dict = {}  # formula key -> [(structure, formula matched, sizes)]
     forms: dict = {}  # form -> {json of abstract template: set of signatures}
     per_thread = set()
     for document in documents:
@@ -99,6 +144,13 @@ def build(documents: list[dict]) -> dict:
         for key, entry in document["signatures"].items():
             name = entry["name"]
             packet = trace_prediction.packet(name)
+            formula = kernel_formulas.internal_sizes(name, leaves[key])
+            if formula is not None and key in templates:  # None: a call it does not speak for
+                steps = templates[key]
+                internal = [step["bytes"] for step in steps if step["kind"] == "internal"]
+                formulas.setdefault(rule_key(name, leaves[key], integers=False), []).append(
+                    (structure(steps), formula == internal, sizes(leaves[key]))
+                )
             if name in GENERALISED or packet in trace_prediction.VALUE_DEPENDENT:
                 continue
             if packet in NOT_BY_SHAPE:
@@ -146,6 +198,7 @@ def build(documents: list[dict]) -> dict:
             "domain": [low, high],
             "shapes": len(shapes),
         }
+    by_formula, formula_missed = formula_rules(formulas)
     return {
         "schema": SCHEMA,
         "workspaces_per_thread": per_thread.pop() if len(per_thread) == 1 else None,
@@ -153,8 +206,24 @@ def build(documents: list[dict]) -> dict:
         "patterns_not_shared": varies,
         "shape_rules": shape_rules,
         "shape_rules_not_shared": sorted(key for key, found in rules.items() if len(found) > 1),
+        "formula_rules": by_formula,
+        "formula_rules_missed": formula_missed,
         "signatures": dict(sorted(signatures.items())),
         "output_only": sorted(output_only - set(signatures)),
+    }
+
+
+def read_formula_rules(rules: dict) -> dict:
+    """A file's formula rules as trace_prediction.Calibration holds them."""
+    return {
+        key: (
+            {
+                int(blocks): [trace_prediction.template_step(step) for step in template]
+                for blocks, template in rule["templates"].items()
+            },
+            rule["domain"],
+        )
+        for key, rule in rules.items()
     }
 
 
@@ -181,6 +250,8 @@ def load(name: str) -> tuple[trace_prediction.Calibration, dict]:
             )
             for key, rule in document.get("shape_rules", {}).items()
         },
+        formula_rules=read_formula_rules(document.get("formula_rules", {})),
+        reduce_device=reduce_scratch.DEVICES.get(document["gpu"]["name"]),
         source=(
             f"{path.name} (sha256 {hashlib.sha256(data).hexdigest()[:16]}; "
             f"{document['gpu']['name']}, torch {document['torch']})"
@@ -234,7 +305,8 @@ def build_command(argv: list[str] | None) -> int:
         raise cli.UsageError(f"{output} appeared meanwhile: it was left untouched") from None
     print(
         f"{args.output}: {len(content['signatures'])} probed calls, "
-        f"{len(content['patterns'])} patterns, {len(content['shape_rules'])} shape rules"
+        f"{len(content['patterns'])} patterns, {len(content['shape_rules'])} shape rules, "
+        f"{len(content['formula_rules'])} formula rules"
     )
     return 0
 

@@ -42,7 +42,9 @@ import random
 import weakref
 
 import call_keys
+import kernel_formulas
 import mesure_memoire
+import reduce_scratch
 import torch_private
 
 EXACT, APPROXIMATE, NOT_PREDICTED = "exact", "approximate", "not predicted"
@@ -163,9 +165,69 @@ META_CHOICES = {
 def embedding_backward_sorts(leaves: list) -> bool:
     """embedding_dense_backward sorts its indices, and sizes its scratch by how many distinct
     ones there are, beyond 3072 indices or with scale_grad_by_freq (torch's Embedding.cu);
-    below, it allocates its output only."""
+    below, see embedding_backward_template."""
     indices, scale = leaves[1], leaves[4]
-    return math.prod(indices[2]) > 3072 or bool(scale)
+    return math.prod(indices[2]) > FEW_INDICES or bool(scale)
+
+
+EMBEDDING_BACKWARD = "aten.embedding_dense_backward.default"
+FEW_INDICES = 3072
+
+
+def embedding_backward_template(arguments: dict) -> list | None:
+    """Up to FEW_INDICES indices, without scale_grad_by_freq, the CUDA kernel (Embedding.cu,
+    embedding_dense_backward_cuda) sorts nothing: it makes the gradient, then the indices,
+    contiguous (a copy each only where they are not: BERT's expanded token types, T5's
+    permuted position bias), allocates its zeroed output, and frees the copies on return."""
+    grad, indices = arguments.get("grad_output"), arguments.get("indices")
+    if not (call_keys.is_tensor_leaf(grad) and call_keys.is_tensor_leaf(indices)):
+        return None
+    if arguments.get("scale_grad_by_freq") or math.prod(indices[2]) > FEW_INDICES:
+        return None
+    steps: list[tuple] = []
+    for tensor in (grad, indices):
+        if not call_keys.contiguous(tensor[2], tensor[3]):
+            size = reduce_scratch.ELEMENT_SIZE.get(tensor[1])
+            if size is None:
+                return None
+            steps.append(("internal", len(steps), size * math.prod(tensor[2])))
+    copies = len(steps)
+    return [*steps, ("output", 0, None), *(("free", n) for n in reversed(range(copies)))]
+
+
+CUMSUM = "aten.cumsum.default"
+# A scan over one row (numel == size(dim)) goes to CUB's inclusive scan (ScanUtils.cuh,
+# scan_dim), which takes CUB's temporary storage: on the H200 under torch 2.11.0+cu130, the
+# bytes below at every probed length up to the second figure (scan dtype -> (bytes, length)).
+CUB_SCAN_STORAGE = {"float32": (1023, 700), "int64": (1279, 473)}
+INTEGERS = ("int8", "uint8", "int16", "int32", "bool")
+
+
+def cumsum_template(arguments: dict) -> list | None:
+    """cumsum on CUDA (ScanKernels.cpp): an integer input below int64 is first copied to
+    int64 (after the output); a scan over one row takes CUB's storage (CUB_SCAN_STORAGE);
+    over the last, contiguous dimension of several rows the kernel takes nothing more.
+    Anything else, or an explicit dtype, is not spoken for."""
+    x, dim = arguments.get("self"), arguments.get("dim")
+    if not call_keys.is_tensor_leaf(x) or arguments.get("dtype") is not None:
+        return None
+    _, dtype, shape, stride, _offset, _nbytes, _where = x
+    if not shape or not isinstance(dim, int) or not call_keys.contiguous(shape, stride):
+        return None
+    steps: list[tuple] = [("output", 0, None)]
+    if dtype in INTEGERS:
+        steps.append(("internal", 0, 8 * math.prod(shape)))
+        dtype = "int64"
+    rows = math.prod(shape) // max(shape[dim], 1)
+    if rows == 1:
+        storage, longest = CUB_SCAN_STORAGE.get(dtype, (None, 0))
+        if storage is None or shape[dim] > longest:
+            return None
+        steps.append(("internal", len(steps) - 1, storage))
+    elif dim % len(shape) != len(shape) - 1:
+        return None
+    internal = [step[1] for step in steps if step[0] == "internal"]
+    return [*steps, *(("free", n) for n in reversed(internal))]
 
 
 VALUE_DEPENDENT = {
@@ -1126,6 +1188,11 @@ class Calibration:
     patterns: dict = dataclasses.field(default_factory=dict)
     # call_keys.rule_key(...) -> (template, the sizes it holds within)
     shape_rules: dict = dataclasses.field(default_factory=dict)
+    # call_keys.rule_key(..., integers=False) -> ({number of blocks: template without
+    # sizes}, domain): the blocks' sizes come from kernel_formulas, the outputs' from the call
+    formula_rules: dict = dataclasses.field(default_factory=dict)
+    # the GPU whose reduction kernel's scratch reduce_scratch works out (None: not known)
+    reduce_device: reduce_scratch.Device | None = None
 
     def known(self, signature: str, call: Signature | None = None) -> bool:
         return (
@@ -1133,6 +1200,7 @@ class Calibration:
             or signature in self.output_only
             or self.pattern(call) is not None
             or self.rule(call) is not None
+            or self.reduction(call) is not None
         )
 
     def template(self, signature: str, call: Signature | None) -> list | None:
@@ -1140,16 +1208,44 @@ class Calibration:
         found = self.templates.get(signature)
         if found is None:
             found = self.pattern(call)
-        return found if found is not None else (self.rule(call) or None)
+        if found is None:
+            found = self.rule(call)
+        if found is None:
+            found = self.reduction(call)
+        return found or None
+
+    def reduction(self, call: Signature | None) -> list | None:
+        """A call's blocks by PyTorch's own code, on this GPU: a reduction by its kernel's
+        arithmetic (reduce_scratch), an embedding's backward over few indices, a scan."""
+        if call is None or self.reduce_device is None or call.spec is None or call.func is None:
+            return None
+        if call.name == EMBEDDING_BACKWARD:
+            return embedding_backward_template(call_arguments(call))
+        if call.name == CUMSUM:
+            return cumsum_template(call_arguments(call))
+        found = reduce_scratch.template_of_call(call.name, call_arguments(call), self.reduce_device)
+        return None if found is None else [template_step(step) for step in found]
 
     def rule(self, call: Signature | None) -> list | None:
         """The template of the shape rule that covers this call (call_keys), or None."""
-        if call is None or not self.shape_rules:
+        if call is None:
             return None
         found = self.shape_rules.get(call_keys.rule_key(call.name, call.leaves))
         if found is not None and call_keys.within(found[1], call.leaves):
             return found[0]
-        return None
+        return self.formula_rule(call)
+
+    def formula_rule(self, call: Signature) -> list | None:
+        found = self.formula_rules.get(call_keys.rule_key(call.name, call.leaves, False))
+        if found is None or not call_keys.within(found[1], call.leaves):
+            return None
+        sizes = kernel_formulas.internal_sizes(call.name, list(call.leaves))
+        steps = None if sizes is None else found[0].get(len(sizes))
+        if steps is None:
+            return None
+        fill = iter(sizes)
+        return [(kind, index, next(fill)) if kind == "internal" else (kind, index, *rest)
+                for kind, index, *rest in steps]  # fmt: skip
 
     def pattern(self, call: Signature | None) -> list | None:
         if call is None or not self.patterns:
@@ -1741,6 +1837,10 @@ def replay(
 # most WORKSPACE_BOUND per thread (cuBLAS and cuBLASLt keep 33 MiB on an H200).
 SCRATCH_FACTOR = 8
 WORKSPACE_BOUND = 64 * 2**20
+# ...and never less than SCRATCH_FLOOR: a scan over a few int64s (OPT's and RoBERTa's position
+# ids, batch 1 x 8 tokens) takes CUB's temporary storage, 1,343 bytes at most in the probes,
+# beyond eight times its 64-byte input and output.
+SCRATCH_FLOOR = 64 * 1024
 # The math kernel builds a causal mask besides its scores (attention.cpp): ones(L, S) of
 # booleans, its tril, then where(mask, 0, -inf) of the query's dtype (float32 at most) and
 # the scalar -inf made a tensor. Below 1 MiB these land in the small pool, where a single
@@ -1805,7 +1905,7 @@ def attention_scores(signature: Signature) -> tuple[int, int, int] | None:
 def scratch_bound(signature: Signature, outputs: int) -> int:
     """The most scratch an operator call nobody measured may take (SCRATCH_FACTOR, and for
     an attention left whole MATH_SCORES score matrices)."""
-    bound = SCRATCH_FACTOR * (device_bytes(signature) + outputs)
+    bound = max(SCRATCH_FACTOR * (device_bytes(signature) + outputs), SCRATCH_FLOOR)
     scores = attention_scores(signature)
     if scores is not None:
         bound += MATH_SCORES * 4 * math.prod(scores)

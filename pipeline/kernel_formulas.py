@@ -1,0 +1,114 @@
+"""Kernels whose scratch grows with the shapes: the size of each block, by formula.
+
+A shape rule (gpu_calibration) holds only where every probe allocated the same blocks. The
+attention backward kernels do not: their workspaces grow with batch, heads and lengths. Each
+formula here gives, for one call, the sizes of the blocks its kernel allocates besides its
+outputs, in the order it allocates them (None: a call the formula does not speak for). A
+formula is not trusted because it is written here: `gpu_calibration.build` checks it against
+every probe of its operator, and the calibration uses it only for the calls of a form whose
+probes it matched, all of them, within the sizes probed (its domain).
+
+Read from the probes, then tested on shapes never probed before they were written down
+(runs/20261204T173000Z-h200-probe-sweep-training/FORMULAS-BEFORE.md); the reading of each
+term is the likeliest one, the sizes are what the H200 measured.
+
+Standard library only; imports nothing of the pipeline.
+"""
+
+from __future__ import annotations
+
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _attention_shapes(leaves: list):
+    """(B, Hq, Sq, D, Hkv, Skv, dtype) of a backward call (grad_out, query, key, ...)."""
+    query, key = leaves[1], leaves[2]
+    batch, heads, queries, head_size = query[2]
+    return batch, heads, queries, head_size, key[2][1], key[2][2], query[1]
+
+
+def cudnn_attention_backward(leaves: list) -> list[int] | None:
+    """One workspace: dQ accumulated in float32, one float per query row, 256 bytes, and
+    with grouped-query attention dK and dV at the query heads' count before their sum."""
+    batch, heads, queries, head_size, kv_heads, keys, dtype = _attention_shapes(leaves)
+    if dtype not in ELEMENT_BYTES or queries != keys:
+        return None  # only self-attention was probed
+    workspace = 4 * batch * heads * queries * head_size + 4 * batch * heads * queries + 256
+    if kv_heads != heads:
+        workspace += 2 * batch * heads * keys * head_size * ELEMENT_BYTES[dtype]
+    return [workspace]
+
+
+KEY_BLOCK = 64  # keys per thread block of the memory-efficient backward kernel (head size 64)
+
+
+def efficient_attention_backward(leaves: list) -> list[int] | None:
+    """float32: a query-sized block, two floats-per-row blocks, then a workspace of one
+    (64 x head size) float32 tile and 16 bytes per key block and head; bfloat16: one
+    floats-per-row block, then that workspace."""
+    batch, heads, queries, head_size, kv_heads, keys, dtype = _attention_shapes(leaves)
+    if head_size != KEY_BLOCK or kv_heads != heads or queries != keys:
+        return None  # only head size 64, self-attention, as many key as query heads
+    rows = 4 * batch * heads * queries
+    workspace = batch * heads * -(-keys // KEY_BLOCK) * (KEY_BLOCK * head_size * 4 + 16)
+    if dtype == "float32":
+        return [rows * head_size, rows, rows, workspace]
+    if dtype == "bfloat16":
+        return [rows, workspace]
+    return None
+
+
+# cuDNN's decode kernel (one query per sequence) splits the keys into S parts, each writing a
+# float32 partial output and two floats per row into one workspace, when both allow S >= 4:
+# the keys (a power of two at most keys / 128) and the GPU (a power of two at most
+# DECODE_FILL / (batch x key/value heads)). Probed on the H200 at 918 calls (batch 1 to 16,
+# 8 to 32 query heads, 2 to 32 key/value heads, head size 64 and 128, 9 to 8,193 keys):
+# where between two probed lengths, or two fills, the split changes is not known, so a call
+# there is not spoken for.
+DECODE_FILL = 256
+DECODE_LENGTH_STEP = 128
+DECODE_MIN_SPLITS = 4
+DECODE_KEYS_PROBED = ((9, 400), (513, 792), (1025, 1500), (2049, 3000), (4097, 6000))
+DECODE_REFUSED_FILL = 320  # a fill between DECODE_FILL and this was never probed
+DECODE_HEAD_SIZES = (64, 128)
+
+
+def _align(nbytes: int, to: int = 128) -> int:
+    return -(-nbytes // to) * to
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n >= 1 else 0
+
+
+def cudnn_attention_forward(leaves: list) -> list[int] | None:
+    """A decode step (one query, no mask): no workspace, or the split's partial outputs."""
+    query, key = leaves[0], leaves[1]
+    batch, heads, queries, head_size = query[2]
+    kv_heads, keys = key[2][1], key[2][2]
+    if queries != 1 or leaves[3] is not None or query[1] != "bfloat16":
+        return None
+    if head_size not in DECODE_HEAD_SIZES:
+        return None
+    if not any(low <= keys <= high for low, high in DECODE_KEYS_PROBED):
+        return None
+    groups = batch * kv_heads
+    if any(DECODE_FILL < groups * (1 << n) < DECODE_REFUSED_FILL for n in range(12)):
+        return None
+    splits = min(_floor_pow2(keys // DECODE_LENGTH_STEP), _floor_pow2(DECODE_FILL // groups))
+    if splits < DECODE_MIN_SPLITS:
+        return []
+    rows = batch * heads * splits
+    return [_align(rows * head_size * 4) + 2 * _align(rows * 4) + 128]
+
+
+FORMULAS = {
+    "aten._scaled_dot_product_cudnn_attention.default": cudnn_attention_forward,
+    "aten._scaled_dot_product_cudnn_attention_backward.default": cudnn_attention_backward,
+    "aten._scaled_dot_product_efficient_attention_backward.default": efficient_attention_backward,
+}
+
+
+def internal_sizes(name: str, leaves: list) -> list[int] | None:
+    formula = FORMULAS.get(name)
+    return None if formula is None else formula(leaves)
