@@ -19,6 +19,14 @@ definition of every core module is placed exactly once, so nothing is left out o
 Nothing is rewritten: the kit reads in its own order, and a function reads the same in the
 kit, in the core and in the notebook made from the kit.
 
+Why placed lines rather than the modules one after the other: the kit is read by people who
+have only it, section by section (the notebook is cut from those sections), and a core
+definition belongs in the section that uses it (check_gpu and run_phase beside the measure
+they serve). So the kit kept its order and its bytes when its code moved into the package.
+Why the own part is a module that imports the core rather than a fragment: it runs, is
+linted and is imported like any module, so the pipeline checks the seed network's flags
+and predicts its counters with the very code the kit ships, without importing the kit.
+
     python pipeline/make_kit_script.py            # (re)write pipeline/mesure_memoire.py
     python pipeline/make_kit_script.py --check    # exit 1 if the committed file is stale
 
