@@ -45,7 +45,13 @@ ROOT = Path(__file__).resolve().parent
 PIPELINE = ROOT / "pipeline"
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 KIT_PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
-KIT_TESTS = ["tests/test_mesure_memoire.py", "tests/test_calcul_forfaits.py"]
+# The kit scripts' tests, and that mesure_memoire.py is generated from the package and runs
+# alone, on each kit Python.
+KIT_TESTS = [
+    "tests/test_mesure_memoire.py",
+    "tests/test_calcul_forfaits.py",
+    "tests/test_kit_script.py",
+]
 # The tests need a real torch for the no-GPU guards; the CPU build is enough and small.
 TORCH_PIN = "torch==2.13.0"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -271,6 +277,12 @@ def archive(session: nox.Session) -> None:
 def verify(session: nox.Session) -> None:
     """Check the kit against MANIFEST.json: the repo's members, or `-- ZIP_OR_FOLDER`."""
     run_stage(session, "verify.py", group="pipeline")
+
+
+@nox.session(name="kit-script", venv_backend="none")
+def kit_script(session: nox.Session) -> None:
+    """Regenerate pipeline/mesure_memoire.py from the package (`-- --check`: compare)."""
+    run_stage(session, "make_kit_script.py")
 
 
 @nox.session(venv_backend="none")

@@ -13,10 +13,11 @@ default is 2026-09-24T00:00:00Z, the catalogue snapshot day), a fixed mode (regu
 buffer. Nothing of the clock, umask, user, locale or folder reaches the bytes. The zlib
 library could (zlib-ng deflates differently): CPython 3.10 to 3.13 on zlib 1.2.13 agree.
 
-Refuses a kit that is not clean: a source missing, resultats-bruts.csv with rows, a notebook
-with outputs or not regenerated from mesure_memoire.py, a tariff grid that is not 15 models
-x 3 durations. Refuses to overwrite: an existing identical output is up to date, a different
-one is left untouched and reported. MANIFEST.json is committed, like a lock file.
+Refuses a kit that is not clean: a source missing, resultats-bruts.csv with rows, a kit script
+not regenerated from the package (make_kit_script.py), a notebook with outputs or not
+regenerated from mesure_memoire.py, a tariff grid that is not 15 models x 3 durations.
+Refuses to overwrite: an existing identical output is up to date, a different one is left
+untouched and reported. MANIFEST.json is committed, like a lock file.
 
 Exit codes: 0 built or up to date; 1 the kit is not clean; 2 bad input, or an existing
 output differs (nothing is written then).
@@ -150,6 +151,20 @@ def read_members(root: Path) -> tuple[dict[str, bytes], list[str]]:
     return contents, problems
 
 
+def kit_script_problem(root: Path, data: bytes) -> str | None:
+    """The kit script ships as generated from the package (seed_network.py and the core
+    modules), as the notebook ships as generated from the kit script."""
+    import make_kit_script
+
+    try:
+        fresh = make_kit_script.render(root) == data
+    except (OSError, SyntaxError, make_kit_script.KitSourceError) as exc:
+        return f"cannot be generated ({exc})"
+    if not fresh:
+        return "not generated from the package's modules: run python pipeline/make_kit_script.py"
+    return None
+
+
 def kit_problems(root: Path, contents: dict[str, bytes]) -> list[str]:
     """Everything that keeps these sources from being shipped, one line each."""
     problems = []
@@ -157,6 +172,10 @@ def kit_problems(root: Path, contents: dict[str, bytes]) -> list[str]:
         problem = rule(contents[name]) if name in contents else None
         if problem:
             problems.append(f"{name}: {problem}")
+    if "mesure_memoire.py" in contents:
+        problem = kit_script_problem(root, contents["mesure_memoire.py"])
+        if problem:
+            problems.append(f"mesure_memoire.py: {problem}")
     if "mesure-memoire.ipynb" in contents and "mesure_memoire.py" in contents:
         import make_notebook
 

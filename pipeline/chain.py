@@ -38,9 +38,9 @@ from pathlib import Path
 import cli
 import decoder
 import launcher
-import mesure_memoire
 import own_model
 import run_folders
+import seed_network
 
 
 def announce(message: str) -> None:
@@ -93,7 +93,7 @@ def check_measure_flags(flags: list[str], workload: str = "network") -> None:
         check_own_model_flags(argv)
         return
     if workload == "network":
-        mesure_memoire.build_parser().parse_args(argv)
+        seed_network.build_parser().parse_args(argv)
         return
     args = decoder.build_parser().parse_args(argv)
     decoder.shape_from_args(args)

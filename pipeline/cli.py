@@ -1,8 +1,8 @@
 """What every pipeline script shares on its command line: one-line errors, exit codes, new files.
 
-A usage error is one line on stderr and exit 2, with nothing written; the kit script
-`mesure_memoire.py` ships alone and keeps the same rules in its own code, and the pipeline
-reuses its `UsageError` and `write_new` so that there is one of each.
+A usage error is one line on stderr and exit 2, with nothing written. `UsageError` and
+`write_new` are those of arguments.py and writers.py, so that there is one of each; the kit
+script `mesure_memoire.py` ships alone with its own copy of them (make_kit_script.py).
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import mesure_memoire
+import arguments
+import writers
 
 OK, INVALID, USAGE, OUT_OF_MEMORY, INTERRUPTED = 0, 1, 2, 3, 130
 
-UsageError = mesure_memoire.UsageError
-write_new = mesure_memoire.write_new
+UsageError = arguments.UsageError
+write_new = writers.write_new
 
 
 class Parser(argparse.ArgumentParser):
@@ -54,7 +55,7 @@ def os_message(exc: Exception) -> str:
 def device(text: str) -> str:
     """A GPU device as `measure` takes it (`cuda` or `cuda:N`), checked before any work."""
     try:
-        mesure_memoire.device_index(text)
+        arguments.device_index(text)
     except argparse.ArgumentTypeError as exc:
         raise UsageError(f"argument --device: {exc}") from None
     return text

@@ -12,11 +12,11 @@ positions, grouped-query attention through scaled_dot_product_attention and a Sw
 final norm and the LM head; random weights made on the GPU, nothing downloaded. Greedy
 decoding with a preallocated KV cache of prompt + new-tokens positions.
 
-`measure` follows the seed network's protocol phase by phase (mesure_memoire.run_phase:
+`measure` follows the seed network's protocol phase by phase (phase_protocol.run_phase:
 synchronise, baseline, peak reset, run, synchronise, end values, CUDA events and wall time) in
 a fresh process, and writes the prediction beside every measured row. `estimate` predicts
 every counter of every phase with the standard library alone: Mirror replays the forward's
-tensors through mesure_memoire.AllocatorModel, and the blocks that kernels allocate for
+tensors through allocator_model.AllocatorModel, and the blocks that kernels allocate for
 themselves (cuBLAS workspaces, attention and reduction buffers) come from a calibration file
 measured on one GPU with one PyTorch, named in every prediction. Without one, or where the
 calibration does not cover the run, the prediction says what it leaves out.
@@ -35,8 +35,12 @@ import math
 import sys
 from pathlib import Path
 
+import allocator_model
+import arguments
 import cli
-import mesure_memoire
+import environment_capture
+import phase_protocol
+import writers
 from decoder_rules import (  # noqa: F401 (decoder.SCHEMA, decoder.row_plan... stay)
     CALIBRATION_SCHEMA,
     SCHEMA,
@@ -56,10 +60,10 @@ from decoder_shape import (  # noqa: F401 (decoder.Shape, decoder.PRESETS... sta
 TOOL = {"name": "decoder.py", "version": "1.0.0"}
 ROOT = Path(__file__).resolve().parent.parent
 CALIBRATIONS = ROOT / "runs"  # committed calibrations: runs/<id>/decoder-calibration.json
-DTYPE_BYTES = mesure_memoire.DTYPE_BYTES
+DTYPE_BYTES = allocator_model.DTYPE_BYTES
 TOKEN_BYTES = 8  # token ids are int64
 STATISTIC_BYTES = 4  # the RMSNorm statistic is float32
-COUNTER_KEYS = mesure_memoire.COUNTER_KEYS
+COUNTER_KEYS = phase_protocol.COUNTER_KEYS
 FIXED_PHASES = ("model_load", "inputs_and_cache", "prefill", "warmup")
 RUN_DEFAULTS = {
     "batch": 1,
@@ -303,7 +307,7 @@ def default_backend(dtype: str, head_dim: int) -> str:
 
 class Mirror:
     """decoder_model's generation replayed as allocations and frees, one method per function
-    there and in the same order, through mesure_memoire.AllocatorModel.
+    there and in the same order, through allocator_model.AllocatorModel.
 
     `events` lists every step: ("alloc", ident, bytes, site) and ("free", ident, bytes, site).
     Blocks that kernels allocate for themselves come from the calibration, at the site that
@@ -316,7 +320,7 @@ class Mirror:
     def __init__(self, shape: Shape, run: dict, calibration: Calibration | None = None):
         self.shape, self.run, self.calibration = shape, run, calibration
         self.size = DTYPE_BYTES[run["dtype"]]
-        self.allocator = mesure_memoire.AllocatorModel()
+        self.allocator = allocator_model.AllocatorModel()
         self.events: list[tuple] = []
         self.kept: list[Tensor] = []  # process-lifetime library blocks
         self.done_once: set = set()
@@ -785,12 +789,12 @@ def predicted_document(shape: Shape, preset: str | None, run: dict, calibration)
     return {
         "schema": SCHEMA,
         "tool": TOOL,
-        "created_utc": mesure_memoire.utc_now(),
+        "created_utc": writers.utc_now(),
         "status": "predicted",
         "configuration": configuration_record(shape, preset, run, None, None),
         "model": describe_model(shape, preset, run["dtype"], None),
         "cache": describe_cache(shape, run),
-        "counters": mesure_memoire.COUNTERS,
+        "counters": phase_protocol.COUNTERS,
         "phase_scopes": PHASES_DOC,
         "prediction": prediction_record(mirror),
         "phases": [
@@ -902,13 +906,13 @@ def print_prediction(document: dict) -> None:
 
 
 def measure_rows(torch, shape: Shape, run: dict, seed: int, device, phases: list):
-    """Every phase under mesure_memoire.run_phase, each row appended as soon as it is read.
+    """Every phase under phase_protocol.run_phase, each row appended as soon as it is read.
     Returns the state for the attention-backend question. Raises OutOfMemory at the phase
     that ran out."""
     import decoder_model
 
     cuda, dtype = torch.cuda, getattr(torch, run["dtype"])
-    run_phase = mesure_memoire.run_phase
+    run_phase = phase_protocol.run_phase
 
     def note(row: dict, tokens: int, first: int) -> dict:
         row["tokens"] = tokens
@@ -979,7 +983,7 @@ def summarise(document: dict) -> dict:
         "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
         "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
         # the mirror replays the native allocator with its default settings: anything else is said
-        "prediction": mesure_memoire.prediction_summary(document),
+        "prediction": phase_protocol.prediction_summary(document),
         "timing": None,
     }
     prefill = [r for r in phases if r["phase"] == "prefill"]
@@ -1008,10 +1012,10 @@ def summarise(document: dict) -> dict:
         "decode_tokens_per_second": per_second(batch * decode_tokens, decode_event),
         "decode_tokens_per_second_wall": per_second(batch * decode_tokens, decode_wall),
         "decode_row_event_ns": (
-            mesure_memoire.spread([r["event_time_ns"] for r in decode]) if decode else None
+            phase_protocol.spread([r["event_time_ns"] for r in decode]) if decode else None
         ),
         "decode_row_harness_overhead_ns": (
-            mesure_memoire.spread([r["harness_overhead_ns"] for r in decode]) if decode else None
+            phase_protocol.spread([r["harness_overhead_ns"] for r in decode]) if decode else None
         ),
         "caveat": (
             "tokens per second count every sequence of the batch: prefill = batch x prompt "
@@ -1024,8 +1028,8 @@ def summarise(document: dict) -> dict:
 
 
 def run_measurement(args, document: dict, shape: Shape, run: dict) -> int:
-    torch = mesure_memoire.import_torch()
-    mesure_memoire.check_gpu(torch, args.device, args.device_text)
+    torch = environment_capture.import_torch()
+    phase_protocol.check_gpu(torch, args.device, args.device_text)
     device = torch.device("cuda", args.device)
     torch.cuda.set_device(device)
     torch.cuda.init()
@@ -1037,12 +1041,12 @@ def run_measurement(args, document: dict, shape: Shape, run: dict) -> int:
         )
     try:
         state = measure_rows(torch, shape, run, args.seed, device, document["phases"])
-    except mesure_memoire.OutOfMemory as oom:
+    except phase_protocol.OutOfMemory as oom:
         document["status"] = "out_of_memory"
         document["failure"] = {
             "phase": oom.row["phase"],
             "repetition": oom.row.get("repetition"),
-            "error": mesure_memoire.oom_summary(str(oom)),
+            "error": phase_protocol.oom_summary(str(oom)),
             "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
         }
         add_predictions(document, shape, run, calibration)
@@ -1065,14 +1069,14 @@ def new_measurement(shape: Shape, preset, run: dict, device: str, seed: int, env
     return {
         "schema": SCHEMA,
         "tool": TOOL,
-        "created_utc": mesure_memoire.utc_now(),
+        "created_utc": writers.utc_now(),
         "status": "running",
         "environment": environment,
         "configuration": configuration_record(shape, preset, run, device, seed),
         "model": describe_model(shape, preset, run["dtype"], seed),
         "cache": describe_cache(shape, run),
-        "clocks": mesure_memoire.CLOCKS,
-        "counters": mesure_memoire.COUNTERS,
+        "clocks": phase_protocol.CLOCKS,
+        "counters": phase_protocol.COUNTERS,
         "phase_scopes": PHASES_DOC,
         "phases": [],
     }
@@ -1092,31 +1096,31 @@ def refuse_foreign_calibration(calibration: Calibration, environment: dict) -> N
 
 
 def measure(args: argparse.Namespace, shape: Shape, preset: str | None, run: dict) -> int:
-    """mesure_memoire.measure's order: refuse existing outputs, write the environment first
+    """seed_network.measure's order: refuse existing outputs, write the environment first
     (same process), then the phases; the file is written whatever happened on the GPU."""
     output = Path(args.output)
-    mesure_memoire.refuse_existing(output)
+    writers.refuse_existing(output)
     environment_output = Path(args.environment_output) if args.environment_output else None
     if environment_output is not None:
-        mesure_memoire.refuse_existing(environment_output)
+        writers.refuse_existing(environment_output)
         if environment_output.resolve() == output.resolve():
             raise cli.UsageError("--environment-output and --output must be two files")
-    driver_query = mesure_memoire.start_driver_query()
-    cuda_driver = mesure_memoire.start_cuda_driver(args.device)
-    environment = mesure_memoire.collect_environment(
+    driver_query = environment_capture.start_driver_query()
+    cuda_driver = environment_capture.start_cuda_driver(args.device)
+    environment = environment_capture.collect_environment(
         args.device, args.device_text, driver_query, args.process_start
     )
-    mesure_memoire.stop_cuda_driver(cuda_driver)
+    environment_capture.stop_cuda_driver(cuda_driver)
     if args.calibration is not None and environment["gpu"].get("available"):
         refuse_foreign_calibration(args.calibration, environment)
     if environment_output is not None:
-        mesure_memoire.write_result(
-            environment_output, mesure_memoire.environment_document(environment)
+        writers.write_result(
+            environment_output, environment_capture.environment_document(environment)
         )
-    mesure_memoire.import_torch()  # the exit-2 guard, before the measurement is written
+    environment_capture.import_torch()  # the exit-2 guard, before the measurement is written
     document = new_measurement(shape, preset, run, f"cuda:{args.device}", args.seed, environment)
     exit_code = run_measurement(args, document, shape, run)
-    mesure_memoire.write_result(output, document)
+    writers.write_result(output, document)
     print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
     if exit_code == cli.OUT_OF_MEMORY:
         failure = document["failure"]
@@ -1140,10 +1144,10 @@ def add_shape(parser) -> None:
     }
     for name, text in what.items():
         option = "--" + name.replace("_", "-")
-        group.add_argument(option, type=mesure_memoire.positive_int, help=text)
+        group.add_argument(option, type=arguments.positive_int, help=text)
     group.add_argument(
         "--head-dim",
-        type=mesure_memoire.positive_int,
+        type=arguments.positive_int,
         help="per-head size (default width / heads)",
     )
     group.add_argument("--tie-embeddings", action="store_true", help="LM head = embedding")
@@ -1165,9 +1169,7 @@ def add_run(parser) -> None:
         if name == "dtype":
             parser.add_argument(option, choices=sorted(DTYPE_BYTES), default=default, help=text)
         else:
-            parser.add_argument(
-                option, type=mesure_memoire.positive_int, default=default, help=text
-            )
+            parser.add_argument(option, type=arguments.positive_int, default=default, help=text)
     parser.add_argument(
         "--calibration",
         type=Path,
@@ -1197,7 +1199,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_shape(p)
     add_run(p)
     p.add_argument(
-        "--seed", type=mesure_memoire.non_negative_int, default=0, help="weights' seed (default 0)"
+        "--seed", type=arguments.non_negative_int, default=0, help="weights' seed (default 0)"
     )
     p.add_argument("--output", required=True, help="a new JSON file (never overwritten)")
     p.add_argument("--environment-output", help="also write the environment record, first")
@@ -1208,7 +1210,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_budget(parser) -> None:
     parser.add_argument(
         "--estimate-budget",
-        type=mesure_memoire.positive_int,
+        type=arguments.positive_int,
         default=ESTIMATE_BUDGET,
         metavar="PASSES",
         help="the most layer passes, layers x (new tokens + 1), the prediction may replay "
@@ -1224,7 +1226,7 @@ def print_presets() -> int:
     return cli.OK
 
 
-def main(argv: list[str] | None = None, process_start: str = mesure_memoire.FRESH_INTERPRETER):
+def main(argv: list[str] | None = None, process_start: str = environment_capture.FRESH_INTERPRETER):
     def body() -> int:
         args = build_parser().parse_args(argv)
         if args.command == "presets":
@@ -1248,7 +1250,7 @@ def main(argv: list[str] | None = None, process_start: str = mesure_memoire.FRES
             return cli.OK
         args.process_start = process_start
         args.device_text = cli.device(args.device)
-        args.device = mesure_memoire.device_index(args.device)
+        args.device = arguments.device_index(args.device)
         return measure(args, shape, preset, run)
 
     return cli.run("decoder.py", body)

@@ -11,8 +11,9 @@ Without fork (or with fork=False) each command is a fresh interpreter; the envir
 record of every measurement says which way its process started. A command is one of the
 kit script `mesure_memoire.py` (the seed network, the default), `decoder.py` (the decoder
 workload) or `own_model.py` (a user's workload file): all are standard library until they
-measure, so the parent imports any of them (own_model.py imports the user's file only in the
-child).
+measure, so the fork server imports any of them (own_model.py imports the user's file only in
+the child). The kit script is run, never imported by a pipeline module: the fork server
+loads it for the children that run it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Protocol
 
-import mesure_memoire
+import arguments
+import environment_capture
 import torch_private
 
 PIPELINE = Path(__file__).resolve().parent
@@ -35,7 +37,7 @@ SCRIPT = PIPELINE / "mesure_memoire.py"
 # what a child may run: each has main(argv, process_start)
 SCRIPTS = ("mesure_memoire.py", "decoder.py", "own_model.py")
 FORKED = "forked from a server that had imported torch and never initialised CUDA"
-FRESH = mesure_memoire.FRESH_INTERPRETER
+FRESH = environment_capture.FRESH_INTERPRETER
 HOLD_SECONDS = 5  # a child that has reported waits this long at most to be let go
 # What parent and child say on the child's pipe, in this order.
 READY, MEASURE, EXIT = "ready", "measure", "exit"
@@ -97,7 +99,8 @@ def _count_gpus(parent) -> None:
 def _start_server(context) -> None:
     """The server imports torch now, while this process goes on. multiprocessing runs this
     process's main script again in every child, so the server also imports the pipeline
-    modules imported here, and that run finds them loaded (about 0.1 s a child). Before
+    modules imported here, and that run finds them loaded (about 0.1 s a child); and the kit
+    script, which no pipeline module imports, so that a child runs it loaded. Before
     Python 3.12.8 and 3.13.1 the server ignores sys.path (CPython gh-117378): PYTHONPATH
     carries the pipeline folder to it, as that fix advises."""
     ours = {
@@ -105,7 +108,7 @@ def _start_server(context) -> None:
         for name, module in list(sys.modules.items())
         if name != "__main__" and Path(getattr(module, "__file__", None) or "/").parent == PIPELINE
     }
-    context.set_forkserver_preload(["torch", *sorted(ours)])
+    context.set_forkserver_preload(["torch", *sorted(ours | {SCRIPT.stem})])
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(PIPELINE), *([saved] if saved else [])])
     try:
@@ -143,7 +146,7 @@ class Launcher:
         try:
             process.start()
         except (EOFError, ConnectionError):  # the server died: import torch raised, not ImportError
-            raise mesure_memoire.UsageError(
+            raise arguments.UsageError(
                 f"the fork server of {sys.executable} stopped: PyTorch failed to import (above)"
             ) from None
         finally:

@@ -13,7 +13,7 @@ The workload file defines FUNCTION(config, *, name=default, ...): `config` has `
 `dtype`, `batch` and `seed`; the keyword-only parameters with integer defaults are the
 workload's own dimensions (`--dim name=value`). It returns a `Workload` (workload_contract.py,
 re-exported here). `measure` runs it in this fresh process phase by phase (synchronise,
-baseline, peak reset, run, synchronise, end values: mesure_memoire.run_phase), after tracing
+baseline, peak reset, run, synchronise, end values: phase_protocol.run_phase), after tracing
 it once on fake tensors to predict every counter (trace_prediction.py); `estimate` prints
 that prediction, no GPU.
 
@@ -42,11 +42,16 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import allocator_model
+import arguments
 import cli
+import environment_capture
 import gpu_calibration
-import mesure_memoire
+import phase_protocol
+import seed_network
 import torch_private
 import trace_prediction
+import writers
 from own_model_facts import (  # noqa: F401 (own_model.document_facts, own_model.SCHEMA... stay)
     SCHEMA,
     bounds_facts,
@@ -61,8 +66,8 @@ from workload_contract import Configuration, Workload, WorkloadFile
 
 TOOL = {"name": "own_model.py", "version": "1.0.0"}
 INFERENCE, STEP, TRAINING = "inference", "custom step", "training"
-DEFAULTS = {key: mesure_memoire.CONFIGURATION_DEFAULTS[key] for key in ("batch", "warmup")}
-DEFAULTS.update(repeats=mesure_memoire.CONFIGURATION_DEFAULTS["repeats"], dtype="float32")
+DEFAULTS = {key: seed_network.CONFIGURATION_DEFAULTS[key] for key in ("batch", "warmup")}
+DEFAULTS.update(repeats=seed_network.CONFIGURATION_DEFAULTS["repeats"], dtype="float32")
 PHASE_SCOPES = {
     "model_load": "the workload function: build the model, put it on the GPU (and make the "
     "optimizer, which holds no state yet)",
@@ -567,10 +572,10 @@ class Gpu:
     """Everything `measure` asks of the GPU, in one place: the tests stand a CPU in for it."""
 
     def check(self, torch, index: int, text: str) -> None:
-        mesure_memoire.check_gpu(torch, index, text)
+        phase_protocol.check_gpu(torch, index, text)
 
     def environment(self, index: int, text: str, driver_query, process_start: str) -> dict:
-        return mesure_memoire.collect_environment(index, text, driver_query, process_start)
+        return environment_capture.collect_environment(index, text, driver_query, process_start)
 
     def start(self, torch, index: int):
         device = torch.device("cuda", index)
@@ -581,7 +586,7 @@ class Gpu:
         return device
 
     def runtime(self, torch):
-        """What mesure_memoire.run_phase reads the counters and events from."""
+        """What phase_protocol.run_phase reads the counters and events from."""
         return torch.cuda
 
     def probe(self, torch, device, trace) -> trace_prediction.Calibration:
@@ -607,16 +612,16 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
     status, failure = "completed", None
     try:
         drive(
-            torch, partial(mesure_memoire.run_phase, runtime, device), function,
+            torch, partial(phase_protocol.run_phase, runtime, device), function,
             setting.file.function, config, setting.dims, setting.warmup, setting.repeats,
             rows, facts, (runtime.OutOfMemoryError,),
         )  # fmt: skip
-    except mesure_memoire.OutOfMemory as oom:
+    except phase_protocol.OutOfMemory as oom:
         status = "out_of_memory"
         failure = {
             "phase": oom.row["phase"],
             "repetition": oom.row.get("repetition"),
-            "error": mesure_memoire.oom_summary(str(oom)),
+            "error": phase_protocol.oom_summary(str(oom)),
             "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
         }
     except UserCodeError as exc:
@@ -707,28 +712,28 @@ def load(setting: Setting):
 
 def measure(args, gpu: Gpu) -> int:
     output = Path(args.output)
-    mesure_memoire.refuse_existing(output)
+    writers.refuse_existing(output)
     extra = [Path(p) for p in (args.environment_output, args.memory_history) if p]
     for path in extra:
-        mesure_memoire.refuse_existing(path)
+        writers.refuse_existing(path)
     if len({p.resolve() for p in [output, *extra]}) != 1 + len(extra):
         raise cli.UsageError("--output, --environment-output and --memory-history: one file each")
     setting = setting_from(args)
-    driver_query = mesure_memoire.start_driver_query()
-    cuda_driver = mesure_memoire.start_cuda_driver(args.device)
+    driver_query = environment_capture.start_driver_query()
+    cuda_driver = environment_capture.start_cuda_driver(args.device)
 
     def record_environment() -> dict:
         environment = gpu.environment(
             args.device, args.device_text, driver_query, args.process_start
         )
-        mesure_memoire.stop_cuda_driver(cuda_driver)
+        environment_capture.stop_cuda_driver(cuda_driver)
         if args.environment_output:
-            document = mesure_memoire.environment_document(environment)
-            mesure_memoire.write_result(Path(args.environment_output), document)
+            document = environment_capture.environment_document(environment)
+            writers.write_result(Path(args.environment_output), document)
         return environment
 
     try:
-        torch = mesure_memoire.import_torch()
+        torch = environment_capture.import_torch()
         gpu.check(torch, args.device, args.device_text)
     except cli.UsageError:
         # As mesure_memoire.py and decoder.py measure: a run refused for want of PyTorch or a
@@ -750,13 +755,13 @@ def measure(args, gpu: Gpu) -> int:
     document = {
         "schema": SCHEMA,
         "tool": TOOL,
-        "created_utc": mesure_memoire.utc_now(),
+        "created_utc": writers.utc_now(),
         "status": "running",
         "environment": environment,
         "configuration": configuration_record(setting, f"cuda:{args.device}"),
         "workload": None,
-        "clocks": mesure_memoire.CLOCKS,
-        "counters": mesure_memoire.COUNTERS,
+        "clocks": phase_protocol.CLOCKS,
+        "counters": phase_protocol.COUNTERS,
         "phase_scopes": PHASE_SCOPES,
         "phases": [],
     }
@@ -773,7 +778,7 @@ def measure(args, gpu: Gpu) -> int:
         if history is not None and "snapshot" in history:
             history["phases"] = [row["phase"] for row in document["phases"]]
             cli.write_new(Path(args.memory_history), pickle.dumps(history))
-    mesure_memoire.write_result(output, document)
+    writers.write_result(output, document)
     print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
     if code == cli.OUT_OF_MEMORY:
         failure = document["failure"]
@@ -804,7 +809,7 @@ def estimate(args) -> int:
         )
     if args.calibration is not None:
         calibration, source = read_calibration(Path(args.calibration))
-    torch = mesure_memoire.import_torch()
+    torch = environment_capture.import_torch()
     try:
         load(setting)
         trace, facts, failure = trace_workload(torch, setting, 0, target)
@@ -822,7 +827,7 @@ def estimate(args) -> int:
     document = {
         "schema": SCHEMA,
         "tool": TOOL,
-        "created_utc": mesure_memoire.utc_now(),
+        "created_utc": writers.utc_now(),
         "status": "predicted",
         "configuration": configuration_record(setting, trace.device),
         "workload": workload_record(setting, facts, []),
@@ -897,16 +902,16 @@ def print_estimate(document: dict) -> None:
 def add_configuration(parser) -> None:
     """The run's settings and the workload's dimensions (sweep.py takes the same options)."""
     parser.add_argument(
-        "--dtype", choices=sorted(mesure_memoire.DTYPE_BYTES), default=DEFAULTS["dtype"]
+        "--dtype", choices=sorted(allocator_model.DTYPE_BYTES), default=DEFAULTS["dtype"]
     )
     for name in ("batch", "warmup", "repeats"):
         parser.add_argument(
             f"--{name}",
-            type=mesure_memoire.positive_int,
+            type=arguments.positive_int,
             default=DEFAULTS[name],
             help=f"(default {DEFAULTS[name]})",
         )
-    parser.add_argument("--seed", type=mesure_memoire.non_negative_int, default=0)
+    parser.add_argument("--seed", type=arguments.non_negative_int, default=0)
     parser.add_argument(
         "--dim",
         type=dimension_argument,
@@ -921,10 +926,10 @@ def add_hf_options(parser) -> None:
     """What to run of a --hf-config model (hf_model.py)."""
     parser.add_argument("--task", choices=("inference", "generate", "training", "lora"))
     parser.add_argument(
-        "--new-tokens", type=mesure_memoire.positive_int, help="generate: tokens (default 16)"
+        "--new-tokens", type=arguments.positive_int, help="generate: tokens (default 16)"
     )
     parser.add_argument(
-        "--lora-rank", type=mesure_memoire.positive_int, help="lora: the rank (default 8)"
+        "--lora-rank", type=arguments.positive_int, help="lora: the rank (default 8)"
     )
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="the model's own checkpointing"
@@ -953,7 +958,7 @@ def build_parser() -> cli.Parser:
         add_configuration(p)
         p.add_argument(
             "--estimate-budget",
-            type=mesure_memoire.positive_int,
+            type=arguments.positive_int,
             default=ESTIMATE_BUDGET,
             metavar="STEPS",
             help="the most steps, 1 + warmup + repeats, the trace may run "
@@ -985,7 +990,7 @@ def build_parser() -> cli.Parser:
 
 def main(
     argv: list[str] | None = None,
-    process_start: str = mesure_memoire.FRESH_INTERPRETER,
+    process_start: str = environment_capture.FRESH_INTERPRETER,
     gpu: Gpu | None = None,
 ):
     def body() -> int:
@@ -994,7 +999,7 @@ def main(
         if args.command == "estimate":
             return estimate(args)
         args.device_text = args.device
-        args.device = mesure_memoire.device_index(args.device)
+        args.device = arguments.device_index(args.device)
         return measure(args, gpu or Gpu())
 
     return cli.run("own_model.py", body, interrupted="nothing was written")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import itertools
 import statistics
 
-import mesure_memoire
+import allocator_model
+import phase_protocol
 import trace_prediction
 
 SCHEMA = "urn:iteragpu-lab:schema:own-model-measurement:v1"
@@ -21,7 +22,7 @@ def compare(document: dict) -> None:
     phases = document["phases"]
     for row, expected in itertools.zip_longest(phases, predicted[: len(phases)]):
         row["predicted"] = (
-            {k: expected[k] for k in mesure_memoire.COUNTER_KEYS} if expected else None
+            {k: expected[k] for k in phase_protocol.COUNTER_KEYS} if expected else None
         )
     summary = document["summary"]["prediction"]
     if document["prediction"]["status"] == trace_prediction.NOT_PREDICTED or not phases:
@@ -31,7 +32,7 @@ def compare(document: dict) -> None:
         return
     by_counter = {
         key: max(abs(row[key] - row["predicted"][key]) for row in phases)
-        for key in mesure_memoire.COUNTER_KEYS
+        for key in phase_protocol.COUNTER_KEYS
     }
     summary["by_counter"] = by_counter
     summary["largest_abs_difference_allocated_bytes"] = max(
@@ -71,7 +72,7 @@ def summarise(document: dict) -> dict:
             statistics.median(r["wall_time_ns"] for r in warm) if warm else None
         ),
     }
-    applicable, because = mesure_memoire.prediction_applicability(document["environment"])
+    applicable, because = allocator_model.prediction_applicability(document["environment"])
     summary["prediction"] = {"status": document["prediction"]["status"], "applicable": applicable}
     if not applicable:
         summary["prediction"]["not_applicable_because"] = because
@@ -123,7 +124,7 @@ def document_facts(document: dict) -> list[str]:
             errors.append(f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns")
         expected = None
         if i < len(predicted):
-            expected = {key: predicted[i][key] for key in mesure_memoire.COUNTER_KEYS}
+            expected = {key: predicted[i][key] for key in phase_protocol.COUNTER_KEYS}
         if row["predicted"] != expected:
             errors.append(f"$.phases[{i}].predicted: not $.prediction.phases[{i}]")
     summary = document["summary"]

@@ -43,9 +43,10 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
+import arguments
 import cli
-import mesure_memoire
 import run_folders
+import seed_network
 import validate
 
 CONFIGURATION = ("batch", "context", "width", "dtype", "warmup", "repeats", "seed")
@@ -101,7 +102,7 @@ def build_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str)
         first_rows.setdefault(phase["phase"], phase)
     row = identity_cells(run_id, measurement)
     row.update({name: str(configuration[name]) for name in CONFIGURATION})
-    for name in mesure_memoire.FIXED_PHASES:  # a phase an out-of-memory run never reached: ""
+    for name in seed_network.FIXED_PHASES:  # a phase an out-of-memory run never reached: ""
         row[f"{name}_wall_ns"] = str(first_rows[name]["wall_time_ns"]) if name in first_rows else ""
     row["warm_forward_median_wall_ns"] = median_text(summary["warm_forward_median_wall_time_ns"])
     row["warm_forward_median_event_ns"] = median_text(summary["warm_forward_median_event_time_ns"])
@@ -354,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.Parser(prog="record.py", description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, metavar="RUN_DIR", help="run folders")
     quality = parser.add_argument_group("quality (protocole-qualite.md; all three or none)")
-    count = mesure_memoire.non_negative_int
+    count = arguments.non_negative_int
     quality.add_argument("--useful-work", type=count, metavar="N", help="units of useful work")
     quality.add_argument("--accepted-results", type=count, metavar="N", help="distinct accepted")
     quality.add_argument("--threshold-met", choices=("yes", "no"))

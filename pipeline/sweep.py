@@ -34,13 +34,14 @@ import sys
 import time
 from pathlib import Path
 
+import arguments
 import cli
 import decoder
 import launcher
-import mesure_memoire
 import own_model
 import record
 import run_folders
+import seed_network
 import validate
 import yaml
 
@@ -50,7 +51,7 @@ WORKLOADS = {"network": launcher.SCRIPT.name, "decoder": "decoder.py"}  # what m
 OWN = "own"  # a user's FILE.py:FUNCTION, measured by own_model.py
 OWN_SETTINGS = ("batch", "dtype", "warmup", "repeats", "seed")  # besides its declared dimensions
 OWN_RECORD = ("file", "sha256", "function", "dimensions")  # what a plan says of the workload
-SIZES = tuple(mesure_memoire.CONFIGURATION_DEFAULTS)
+SIZES = tuple(seed_network.CONFIGURATION_DEFAULTS)
 HARD_CAP = 64  # --until-oom on a card larger than any today still stops
 INTERRUPTED = "it was interrupted (Ctrl-C): every point listed is a whole run"
 GIB, MIB = 2**30, 2**20
@@ -103,11 +104,11 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
     else:
         dimensions = DIMENSIONS if workload == "network" else DECODER_DIMENSIONS
         parser.add_argument("--vary", choices=[d.replace("_", "-") for d in dimensions])
-    parser.add_argument("--start", type=mesure_memoire.positive_int)
+    parser.add_argument("--start", type=arguments.positive_int)
     parser.add_argument("--factor", type=factor, help="next = ceil(current x factor)")
     bound = parser.add_mutually_exclusive_group()
     bound.add_argument("--until-oom", action="store_true")
-    bound.add_argument("--max-steps", type=mesure_memoire.positive_int)
+    bound.add_argument("--max-steps", type=arguments.positive_int)
     bound.add_argument(
         "--memory-fraction",
         type=fraction,
@@ -115,7 +116,7 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
     )
     base = "the base configuration (the varied one starts at --start)"
     if workload == "network":
-        mesure_memoire.add_configuration(parser.add_argument_group(base))
+        seed_network.add_configuration(parser.add_argument_group(base))
     elif workload == "decoder":
         decoder.add_shape(parser)
         decoder.add_run(parser.add_argument_group(base))
@@ -464,7 +465,7 @@ def predicted_too_large(
     elif last["library_blocks"] is None:
         return None
     else:
-        rows = mesure_memoire.predict_phases(configuration, last["library_blocks"])
+        rows = seed_network.predict_phases(configuration, last["library_blocks"])
         expected = max(row["peak_reserved_bytes"] for row in rows)
     if expected <= share * memory:
         return None
@@ -526,7 +527,7 @@ def write_summary(sweep_dir: Path, plan, device, mode, points, reason, seconds) 
 def run_sweep(args: argparse.Namespace) -> int:
     registry = validate.load_registry()
     plan = plan_from(args, registry)
-    device = f"cuda:{mesure_memoire.device_index(cli.device(args.device))}"
+    device = f"cuda:{arguments.device_index(cli.device(args.device))}"
     runs_dir = cli.existing_folder(Path(args.runs_dir))
     vary, bound = plan["vary"], plan["stop"].get("max_steps")
     workload = plan["workload"]

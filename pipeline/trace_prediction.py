@@ -4,7 +4,7 @@ The workload runs once, phase by phase as `own_model.py measure` runs it, under 
 FakeTensorMode (tensors with shapes and no memory) and a dispatch mode that sees every
 operator: each new storage on the device is an allocation of its size in bytes, each storage
 whose last reference goes (a weak reference that expires) is a free, in the order they
-happen. `mesure_memoire.AllocatorModel` replays that sequence with the same phase boundaries
+happen. `allocator_model.AllocatorModel` replays that sequence with the same phase boundaries
 (baseline, peak reset, end values) and gives the six counters of every phase.
 
 One thing a dispatch mode changes in PyTorch itself: while any is active, every tensor counts
@@ -41,9 +41,10 @@ import os
 import random
 import weakref
 
+import allocator_model
 import call_keys
 import kernel_formulas
-import mesure_memoire
+import phase_protocol
 import reduce_scratch
 import torch_private
 
@@ -302,6 +303,8 @@ UNCALIBRATED = (
     "not calibrated: the blocks its GPU kernel allocates besides its outputs "
     "(workspaces, scratch) are unknown"
 )
+# Written into every prediction, in the words committed predictions hold (the kit script
+# carries the same AllocatorModel as allocator_model.py).
 METHOD = (
     "the workload traced once under torch FakeTensorMode (no memory, no GPU) by a dispatch "
     "mode: each new device storage an allocation of its bytes, each expired storage a free, "
@@ -373,7 +376,7 @@ def trace_device(torch, index: int) -> str:
 
 class Tracer:
     """`with Tracer(torch, device) as tracer:` runs code on fake tensors and records it;
-    `tracer.phase` has `mesure_memoire.run_phase`'s shape, so one phase driver serves both."""
+    `tracer.phase` has `phase_protocol.run_phase`'s shape, so one phase driver serves both."""
 
     def __init__(self, torch, device: str, fake: bool = True, target=None) -> None:
         self.torch = torch
@@ -1546,7 +1549,7 @@ def address_order_spread(
     of the segments' addresses. Zero everywhere: the order, which only the driver knows,
     does not matter to this workload. Without an `address_choice` in the replay of `rows`
     (IndexedAllocator), every other order makes the same choices: zero, without replaying."""
-    spread = dict.fromkeys(mesure_memoire.COUNTER_KEYS, 0)
+    spread = dict.fromkeys(phase_protocol.COUNTER_KEYS, 0)
     for order in OTHER_ADDRESS_ORDERS if address_choice else ():
         other = replay(trace, calibration, order())[0]
         for row, alternative in zip(rows, other, strict=True):
@@ -1566,8 +1569,8 @@ def address_order_why(spread: dict) -> str:
     )
 
 
-class IndexedAllocator(mesure_memoire.AllocatorModel):
-    """mesure_memoire.AllocatorModel, choice for choice and counter for counter, with its
+class IndexedAllocator(allocator_model.AllocatorModel):
+    """allocator_model.AllocatorModel, choice for choice and counter for counter, with its
     free blocks kept sorted by (size, address, when freed) in one list per pool: the model
     scans every free block at every allocation, which an 8B-class trace, replayed ten times,
     asks a few hundred thousand times. The third key, a count, keeps the keys distinct (two
@@ -1596,9 +1599,9 @@ class IndexedAllocator(mesure_memoire.AllocatorModel):
     def malloc(self, nbytes: int):
         if nbytes == 0:
             return None  # an empty tensor takes no block
-        min_block = mesure_memoire.MIN_BLOCK
+        min_block = allocator_model.MIN_BLOCK
         size = max(min_block, -(-nbytes // min_block) * min_block)
-        small = size <= mesure_memoire.SMALL_SIZE
+        small = size <= allocator_model.SMALL_SIZE
         pool = self.pools[small]
         at = bisect.bisect_left(pool, (size,))
         if at < len(pool):
@@ -1612,11 +1615,11 @@ class IndexedAllocator(mesure_memoire.AllocatorModel):
                         break
         else:
             if small:
-                segment = mesure_memoire.SMALL_SEGMENT
-            elif size < mesure_memoire.MIN_LARGE_ALLOC:
-                segment = mesure_memoire.LARGE_SEGMENT
+                segment = allocator_model.SMALL_SEGMENT
+            elif size < allocator_model.MIN_LARGE_ALLOC:
+                segment = allocator_model.LARGE_SEGMENT
             else:
-                segment = -(-size // mesure_memoire.ROUND_LARGE) * mesure_memoire.ROUND_LARGE
+                segment = -(-size // allocator_model.ROUND_LARGE) * allocator_model.ROUND_LARGE
             block = {
                 "address": self.next_address,
                 "size": segment,
@@ -1626,11 +1629,11 @@ class IndexedAllocator(mesure_memoire.AllocatorModel):
                 "allocated": False,
                 "segment": next(self.made),
             }
-            self.next_address += segment + mesure_memoire.ROUND_LARGE  # segments never touch
+            self.next_address += segment + allocator_model.ROUND_LARGE  # segments never touch
             self.reserved += segment
             self.peak_reserved = max(self.peak_reserved, self.reserved)
         rest = block["size"] - size
-        if rest >= min_block if small else rest > mesure_memoire.SMALL_SIZE:
+        if rest >= min_block if small else rest > allocator_model.SMALL_SIZE:
             tail = {
                 "address": block["address"] + size,
                 "size": rest,
@@ -2024,5 +2027,5 @@ def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> 
 
 
 def prediction_rows(prediction: Prediction) -> list[dict]:
-    keys = ("phase", "repetition", "passes", *mesure_memoire.COUNTER_KEYS)
+    keys = ("phase", "repetition", "passes", *phase_protocol.COUNTER_KEYS)
     return [{key: row[key] for key in keys if key in row} for row in prediction.rows]

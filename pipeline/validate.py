@@ -48,7 +48,8 @@ except ImportError as exc:  # the GPU host's Python may lack them: say what to i
 
 import cli
 import decoder_rules
-import mesure_memoire
+import phase_protocol
+import seed_network
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "schemas"
@@ -242,7 +243,7 @@ def measurement_facts(document: dict) -> list[str]:
         errors += _counter_facts(f"$.phases[{i}]", row)
     configuration = document["configuration"]
     repeats = configuration["repeats"]
-    expected = [*mesure_memoire.FIXED_PHASES, *(["warm_forward"] * repeats)]
+    expected = [*seed_network.FIXED_PHASES, *(["warm_forward"] * repeats)]
     names = [row["phase"] for row in phases]
     if document["status"] == "completed" and names != expected:
         errors.append(
@@ -417,7 +418,7 @@ def decoder_prediction_facts(prediction: dict, phases: list[dict]) -> list[str]:
     errors = []
     by_counter = {
         key: max((abs(row[key] - row["predicted"][key]) for row in phases), default=0)
-        for key in mesure_memoire.COUNTER_KEYS
+        for key in phase_protocol.COUNTER_KEYS
     }
     for key, value in by_counter.items():
         if prediction["by_counter"][key] != value:
@@ -479,7 +480,7 @@ def phase_prediction_facts(document: dict) -> list[str]:
             f"$.configuration: warmup + repeats {passes} is over {PASSES_CHECKED:,}, too many "
             "passes to re-derive the prediction"
         ]
-    expected = mesure_memoire.predict_phases(configuration, document["library_blocks"])
+    expected = seed_network.predict_phases(configuration, document["library_blocks"])
     if len(document["phases"]) != len(expected):
         return [
             f"$.phases: {len(document['phases'])} rows, the configuration gives {len(expected)}"
@@ -520,11 +521,11 @@ def hf_zoo_point_facts(where: str, point: dict) -> list[str]:
     predicted, measured = prediction["phases"], point["measurement"]["phases"]
     errors = []
     aligned = len(predicted) == len(measured)
-    largest = dict.fromkeys(mesure_memoire.COUNTER_KEYS, 0)
+    largest = dict.fromkeys(phase_protocol.COUNTER_KEYS, 0)
     broken, checked = [], 0
     for i, (p, m) in enumerate(zip(predicted, measured, strict=False)):
         aligned = aligned and p["phase"] == m["phase"]
-        for key in mesure_memoire.COUNTER_KEYS:
+        for key in phase_protocol.COUNTER_KEYS:
             if key in p["counters"] and key in m["counters"]:
                 difference = abs(m["counters"][key] - p["counters"][key])
                 largest[key] = max(largest[key], difference)

@@ -1,8 +1,9 @@
 """A throw-away copy of the kit's sources, for archive and verify tests (not a test module).
 
-The copy holds only what archive.py reads, at the same relative paths. The notebook is
-generated from the copied script rather than copied, so these tests do not depend on the
-committed notebook being fresh (tests/test_notebook.py checks that). A source another
+The copy holds only what archive.py reads, at the same relative paths: the members' sources,
+and the package modules the kit script is generated from (archive.py checks that it is). The
+notebook is generated from the copied script rather than copied, so these tests do not
+depend on the committed notebook being fresh (tests/test_notebook.py checks that). A source another
 engineer has not written yet is replaced by a small stand-in, so that the tests can run.
 """
 
@@ -13,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import archive
+import make_kit_script
 import make_notebook
 from conftest import ROOT
 
@@ -23,7 +25,7 @@ STAND_INS = {
 
 
 def make_tree(folder: Path) -> Path:
-    """Copy the eight content sources under `folder` and return it."""
+    """Copy the eight content sources and the kit script's under `folder` and return it."""
     for name, source in archive.MEMBERS.items():
         if name in (archive.MANIFEST, "mesure-memoire.ipynb"):
             continue
@@ -33,6 +35,8 @@ def make_tree(folder: Path) -> Path:
             shutil.copyfile(ROOT / source, target)
         else:
             target.write_text(STAND_INS[source], encoding="utf-8")
+    for source in make_kit_script.SOURCES:
+        shutil.copyfile(ROOT / source, folder / source)
     notebook = folder / archive.MEMBERS["mesure-memoire.ipynb"]
     notebook.write_bytes(make_notebook.render(folder))
     return folder

@@ -248,6 +248,13 @@ DIRTY = {
         ),
         "mesure-memoire.ipynb: not generated from the current mesure_memoire.py",
     ),
+    "kit script not regenerated": (
+        lambda tree: replace(
+            tree / "pipeline" / "writers.py", "never overwritten", "never replaced"
+        ),
+        "mesure_memoire.py: not generated from the package's modules: run python "
+        "pipeline/make_kit_script.py",
+    ),
     "member missing": (
         lambda tree: (tree / "data" / "protocole-qualite.md").unlink(),
         "protocole-qualite.md: its source data/protocole-qualite.md is missing",

@@ -34,6 +34,7 @@ STAGE_SESSIONS = {  # session: arguments that satisfy its usage check
     "merge": ["a.csv", "--output", "b.csv"],
     "cost": ["--gpu", "h200"],
     "notebook": [],
+    "kit-script": [],
 }
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import types
 
+import make_kit_script
 import pytest
 import torch_private as tpv
 from conftest import PIPELINE
@@ -390,7 +391,9 @@ def test_cublas_workspace_clearer_is_the_builds_or_none():
 # ---------------------------------------------------------------- one place
 
 
-KIT = {"mesure_memoire.py", "calcul_forfaits.py"}  # the kit stands alone: not held to this
+# The kit stands alone: not held to this, nor are the package modules its script is generated
+# from (they cannot import torch_private.py: the kit carries their code).
+KIT = {"mesure_memoire.py", "calcul_forfaits.py", *(p.name for p in make_kit_script.SOURCES)}
 PRIVATE_ATTRIBUTES = {
     "_schema", "_op_dk", "_cdata", "_expired", "_is_zerotensor", "_storage_Use_Count",
     "_current_autograd_node", "_record_memory_history", "_snapshot", "_fused_sdp_choice",

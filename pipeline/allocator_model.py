@@ -1,0 +1,142 @@
+"""PyTorch's native caching allocator as the predictions model it, and when that model holds.
+
+AllocatorModel replays allocations and frees, one stream, and keeps the four counters PyTorch
+keeps; every prediction goes through it (the seed network's, the decoder's, the own model's
+and the trace's IndexedAllocator, which subclasses it). prediction_applicability says whether
+an environment's allocator is the one modelled (native, default settings): where it is not,
+predictions are written but are not a claim. DTYPE_BYTES: bytes per element of the dtypes
+the stages measure.
+
+Standard library only at module level (PyTorch is imported inside the functions that need
+it), Python >= 3.10: the kit script carries this code. pipeline/make_kit_script.py copies
+every definition here, verbatim, into pipeline/mesure_memoire.py, where seed_network.py's
+`# from MODULE:` lines place them; so the core modules import each other by name
+(`from allocator_model import AllocatorModel`), and the copies read the same in one file.
+"""
+
+from __future__ import annotations
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+# PyTorch's native CUDA caching allocator with its default settings (c10/cuda/
+# CUDACachingAllocator.cpp): every block is a multiple of 512 bytes; requests up to 1 MiB
+# come from 2 MiB "small" segments; larger ones from 20 MiB segments (under 10 MiB) or from
+# segments rounded up to 2 MiB; a free block is reused best-fit and split only when the rest
+# is at least 512 bytes (small pool) or more than 1 MiB (large pool), so a large request can
+# be handed a whole block bigger than itself.
+MIN_BLOCK, SMALL_SIZE, SMALL_SEGMENT = 512, 2**20, 2 * 2**20
+LARGE_SEGMENT, MIN_LARGE_ALLOC, ROUND_LARGE = 20 * 2**20, 10 * 2**20, 2 * 2**20
+
+# The device-side allocator settings the prediction models, in the names and values PyTorch
+# reports (its memory snapshot's "allocator_settings"): no split limit, no garbage collection
+# threshold, no expandable segments, no power-of-two rounding. Pinned-memory settings change
+# host memory only. Other values change reserved counters the model does not follow.
+MODELLED_ALLOCATOR = {
+    "max_split_size": -1,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": False,
+}
+
+
+class AllocatorModel:
+    """Replays allocations and frees, one stream, and keeps the four counters PyTorch keeps."""
+
+    def __init__(self) -> None:
+        self.free_blocks: list[dict] = []
+        self.next_address = 0
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+
+    def reset_peaks(self) -> None:
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
+    def malloc(self, nbytes: int) -> dict | None:
+        if nbytes == 0:
+            return None  # an empty tensor takes no block
+        size = max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+        small = size <= SMALL_SIZE
+        fits = [b for b in self.free_blocks if b["small"] == small and b["size"] >= size]
+        if fits:
+            block = min(fits, key=lambda b: (b["size"], b["address"]))
+            self.free_blocks.remove(block)
+        else:
+            if small:
+                segment = SMALL_SEGMENT
+            elif size < MIN_LARGE_ALLOC:
+                segment = LARGE_SEGMENT
+            else:
+                segment = -(-size // ROUND_LARGE) * ROUND_LARGE
+            block = {
+                "address": self.next_address,
+                "size": segment,
+                "small": small,
+                "prev": None,
+                "next": None,
+                "allocated": False,
+            }
+            self.next_address += segment + ROUND_LARGE  # segments never touch
+            self.reserved += segment
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+        rest = block["size"] - size
+        if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
+            tail = {
+                "address": block["address"] + size,
+                "size": rest,
+                "small": small,
+                "prev": block,
+                "next": block["next"],
+                "allocated": False,
+            }
+            if block["next"] is not None:
+                block["next"]["prev"] = tail
+            block["next"], block["size"] = tail, size
+            self.free_blocks.append(tail)
+        block["allocated"] = True
+        self.allocated += block["size"]
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block
+
+    def free(self, block: dict | None) -> None:
+        if block is None:
+            return
+        block["allocated"] = False
+        self.allocated -= block["size"]
+        for neighbour in (block["prev"], block["next"]):
+            if neighbour is not None and not neighbour["allocated"]:
+                self.free_blocks.remove(neighbour)
+                if neighbour is block["prev"]:
+                    block["address"], block["prev"] = neighbour["address"], neighbour["prev"]
+                    if neighbour["prev"] is not None:
+                        neighbour["prev"]["next"] = block
+                else:
+                    block["next"] = neighbour["next"]
+                    if neighbour["next"] is not None:
+                        neighbour["next"]["prev"] = block
+                block["size"] += neighbour["size"]
+        self.free_blocks.append(block)
+
+    def counters(self) -> dict:
+        return {"allocated_bytes": self.allocated, "reserved_bytes": self.reserved}
+
+
+def prediction_applicability(environment: dict) -> tuple[bool, str | None]:
+    """The allocator model holds for PyTorch's native allocator with its default settings
+    only; anything else is said, and the predictions beside the counters are not a claim."""
+    gpu = environment.get("gpu", {})
+    backend = gpu.get("allocator_backend")
+    if backend != "native":
+        return False, f"allocator backend {backend!r}: the model is of the native allocator"
+    settings = gpu.get("allocator_settings", {})
+    if "error" in settings:
+        return False, f"allocator settings {settings['error']}: defaults not confirmed"
+    changed = [
+        f"{key}={settings.get(key)!r}"
+        for key, default in MODELLED_ALLOCATOR.items()
+        if settings.get(key) != default
+    ]
+    divisions = settings.get("roundup_power2_divisions")
+    if not isinstance(divisions, dict) or any(divisions.values()):
+        changed.append(f"roundup_power2_divisions={divisions!r}")
+    if changed:
+        return False, "allocator settings differ from the modelled defaults: " + ", ".join(changed)
+    return True, None
