@@ -630,8 +630,6 @@ def sdpa_as_on_gpu(torch, trace: Trace, target, func, args, kwargs):
             f"take is not known: {why}",
         )
         return func(*args, **kwargs)
-    if backend == choice.MATH:
-        return func(*args, **kwargs)
     aten = torch.ops.aten
     dropout, causal, scale = call["dropout_p"], call["is_causal"], call["scale"]
     # should_compute_logsumexp: the saved statistics, for backward only
@@ -653,6 +651,13 @@ def sdpa_as_on_gpu(torch, trace: Trace, target, func, args, kwargs):
         # convert_boolean_attn_mask(_cudnn): where(mask, 0, -inf) in the query's dtype
         fill = -65504.0 if backend == choice.CUDNN else float("-inf")
         mask = torch.where(mask, 0.0, torch.scalar_tensor(fill, dtype=q.dtype, device=mask.device))
+    if backend == choice.MATH:
+        # the math kernel, whose C++ function the trace runs (DECOMPOSED) as a GPU does:
+        # under inference mode the composite would otherwise be recorded whole, its scores,
+        # softmax and the grouped heads' copies unseen
+        return aten._scaled_dot_product_attention_math(
+            q, k, v, mask, dropout, causal, None, scale=scale, enable_gqa=call["enable_gqa"]
+        )[0]
     if backend == choice.CUDNN:
         return aten._scaled_dot_product_cudnn_attention(
             q, k, v, mask, lse, dropout, causal, False, scale=scale
@@ -727,6 +732,7 @@ DECOMPOSED = {
     "aten::where": None,  # the Scalar forms make the scalar a tensor on the device
     "aten::min": None,  # min.other: minimum
     "aten::max": None,
+    "aten::_scaled_dot_product_attention_math": None,  # sdpa_as_on_gpu's math kernel
     "aten::softmax": _not_half_to_float,
     "aten::log_softmax": _not_half_to_float,
 }

@@ -226,6 +226,9 @@ def measure(args) -> int:
             line = f"{point.name} exit -1 0.0 s: {NOT_STARTED} past --deadline-s {args.deadline_s}"
         else:
             argv = own_model("measure", point, "--device", args.device, "--output", str(target))
+            history = h200 / f"{point.name}.history.pickle"
+            if args.segments:
+                argv += ["--memory-history", str(history)]
             started = time.perf_counter()
             try:
                 result = subprocess.run(
@@ -235,6 +238,8 @@ def measure(args) -> int:
             except subprocess.TimeoutExpired:
                 code, said = -9, f"killed after --timeout-s {args.timeout_s}"
             seconds = time.perf_counter() - started
+            if args.segments and history.exists():
+                keep_segments(history, h200 / f"{point.name}.segments.json")
             if code != 0 or not target.exists():
                 missing.append(point.name)
             line = f"{point.name} exit {code} {seconds:.1f} s: {said or 'no output'}"
@@ -244,6 +249,21 @@ def measure(args) -> int:
     if missing:
         print(f"not measured: {', '.join(missing)}", file=sys.stderr)
     return 1 if missing else 0
+
+
+def keep_segments(history: Path, target: Path) -> None:
+    """Of a measurement's allocator history (megabytes), what the driver's placement of
+    segments needs (kilobytes): each segment event's action, size and address, in order."""
+    import pickle
+
+    events = pickle.loads(history.read_bytes())["snapshot"]["device_traces"][0]
+    segments = [
+        {"action": e["action"], "size": e["size"], "address": e["addr"]}
+        for e in events
+        if e["action"] in ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
+    ]
+    target.write_text(json.dumps({"segments": segments}) + "\n")
+    history.unlink()
 
 
 # ---------------------------------------------------------------- summarising
@@ -552,6 +572,10 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--shard", help="I/N: every N-th point from the I-th (1-based)")
     m.add_argument("--deadline-s", type=float, default=510.0, help="no new point after this")
     m.add_argument("--timeout-s", type=float, default=300.0, help="one point's limit")
+    m.add_argument(
+        "--segments", action="store_true",
+        help="also record where the driver put the allocator's segments (NAME.segments.json)",
+    )  # fmt: skip
     s = verbs.add_parser("summarise", help="DIR/summary.json and DIR/comparison.md")
     s.add_argument("--out", required=True)
     args = parser.parse_args(argv)
