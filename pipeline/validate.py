@@ -129,14 +129,16 @@ def schema_by_place(path: Path) -> str | None:
     """The schema of a raw record written on a GPU without a schema key, named by where it
     lies: probes/<name>.json in a runs/<stamp>-<gpu>-probe(s|-sweep...)/ folder,
     sdpa-choices.json, and the segment records of a runs/<stamp>-<gpu>-segment-addresses/
-    folder (segments-<seed>.json, hist/<name>.segments.json)."""
+    folder (segments-<seed>.json), and <name>.segments.json wherever it lies (the segment
+    events of a measurement, hf_zoo_grid.py measure --segments)."""
     if path.parent.name == "probes" and "-probe" in path.parent.parent.name:
         return GPU_PROBE
     if path.name == "sdpa-choices.json":
         return SDPA_CHOICES
     folders = {path.parent.name, path.parent.parent.name}
-    if any(name.endswith("-segment-addresses") for name in folders) and (
-        path.name.startswith("segments-") or path.name.endswith(".segments.json")
+    if path.name.endswith(".segments.json") or (
+        any(name.endswith("-segment-addresses") for name in folders)
+        and path.name.startswith("segments-")
     ):
         return SEGMENT_ADDRESSES
     return None

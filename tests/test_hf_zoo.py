@@ -360,6 +360,20 @@ BROKEN_AND_FIXED = {
 }
 
 
+# Grids committed with bounds broken whose cause is not found yet: {folder: (count, what is
+# known)}. Pinned as above: a new one fails, and so does one that goes away unexplained.
+BROKEN_OPEN = {
+    "20261204T174000Z-hf-zoo-blind-rules": (
+        1,
+        "vit-base-training-fp32-b8: peak allocated 12,288 B under its lower bound in the cold "
+        "step, the warm-up and both warm steps (end of warm-up: 2,580,480 B more allocated "
+        "predicted, equal again after the next step). A call the prediction covers allocates "
+        "less on the H200 than its template, or an output lives shorter; the allocator's "
+        "history of that point would say which (the device time of the session was spent)",
+    ),
+}
+
+
 # A claimed exact that the H200 did not hold, found by a committed grid: {folder: (the
 # points, the cause)}. The list is pinned: a new one fails the test, and so does one of these
 # that is no longer there.
@@ -383,5 +397,5 @@ def test_committed_zoo_summaries_hold(path):
     assert validate.validate_document(summary, REGISTRY) == []
     false_exact = [p["name"] for p in summary["points"] if "false_exact" in p["verdicts"]]
     assert false_exact == FALSE_EXACT_FOUND.get(path.parent.name, ([], ""))[0]
-    broken, _why = BROKEN_AND_FIXED.get(path.parent.name, (0, ""))
+    broken, _why = {**BROKEN_AND_FIXED, **BROKEN_OPEN}.get(path.parent.name, (0, ""))
     assert summary["totals"]["bounds_broken"] == broken
