@@ -109,7 +109,7 @@ DECODER = WorkloadKind(
         "decode_tokens_per_second",
         "largest_abs_difference_bytes",
     ),
-    misplaced="line 1: the header of resultats-bruts.csv, without the decoder columns: a "
+    misplaced=f"line 1: the header of {NETWORK.log_name}, without the decoder columns: a "
     "decoder row goes to a decoder log",
     dimensions=("batch", "prompt", "new_tokens"),
     title="decoder",
