@@ -194,13 +194,13 @@ def run_chain(argv: list[str] | None) -> int:
     parser.add_argument(
         "--workload",
         type=workload_kinds.workload_argument,
-        default="network",
+        default=workload_kinds.DEFAULT.argument,
         metavar=workload_kinds.ARGUMENTS,
         help=workload_kinds.HELP,
     )
     args, flags = parser.parse_known_args(argv)
     if any(flag == HF_CONFIG or flag.startswith(f"{HF_CONFIG}=") for flag in flags):
-        if args.workload != "network":
+        if args.workload != workload_kinds.DEFAULT.argument:
             raise cli.UsageError(f"{HF_CONFIG} names the model: drop --workload {args.workload}")
         args.workload = HF_CONFIG  # own_model.py measures it, told by the flag itself
     if args.device != "all":

@@ -86,7 +86,7 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
     parser.add_argument(
         "--workload",
         type=workload_kinds.workload_argument,
-        default="network",
+        default=workload_kinds.DEFAULT.argument,
         help=workload_kinds.HELP,
     )
     parser.add_argument("--plan", help="a YAML plan under data/plans/ (instead of the flags)")
@@ -114,7 +114,9 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The workload first, as it decides which configuration options exist."""
     peek = cli.Parser(prog="sweep.py", add_help=False, allow_abbrev=False)
-    peek.add_argument("--workload", type=workload_kinds.workload_argument, default="network")
+    peek.add_argument(
+        "--workload", type=workload_kinds.workload_argument, default=workload_kinds.DEFAULT.argument
+    )
     kind = workload_kinds.of_argument(peek.parse_known_args(argv)[0].workload)
     args = build_parser(kind.argument).parse_args(argv)
     if workload_kinds.of_argument(args.workload) != kind:  # an abbreviation the peek missed
@@ -137,7 +139,7 @@ def load_plan(path: str, registry) -> dict:
     errors = validate.validate_document(plan, registry)
     if errors:
         raise cli.UsageError(f"{path}: {errors[0]}")
-    plan.setdefault("workload", "network")
+    plan.setdefault("workload", workload_kinds.DEFAULT.kind.value)
     SWEEPS[workload_kinds.of_name(plan["workload"]).kind].check_plan(plan, path)
     return plan
 

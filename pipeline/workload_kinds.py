@@ -152,7 +152,9 @@ BY_KIND = {entry.kind: entry for entry in KINDS}
 BY_NAME = {entry.kind.value: entry for entry in KINDS}
 MEASUREMENT_SCHEMAS = tuple(schema for entry in KINDS for schema in entry.schemas)
 
-# --workload, as chain.py and sweep.py take it
+# --workload, as chain.py and sweep.py take it; left out, the seed network (as in plans and
+# logs written before there were kinds: of_name)
+DEFAULT = NETWORK
 ARGUMENTS = "|".join(entry.argument for entry in KINDS)
 ARGUMENTS_TEXT = ", ".join(e.argument for e in KINDS[:-1]) + f" or {KINDS[-1].argument}"
 HELP = "; ".join(f"{entry.argument}: {entry.help}" for entry in KINDS)
@@ -179,4 +181,4 @@ def of_schema(schema: str | None) -> WorkloadKind | None:
 def of_name(name: str | None) -> WorkloadKind:
     """The kind a plan's or a row's "workload" names; left out (files written before there
     were kinds, a kit log's rows), the seed network."""
-    return BY_NAME.get(name, NETWORK)
+    return BY_NAME.get(name, DEFAULT)
