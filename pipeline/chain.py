@@ -31,7 +31,6 @@ record.py). What it guarantees:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -41,26 +40,12 @@ import launcher
 import own_model
 import run_folders
 import seed_network
+import workload_kinds
+from workload_kinds import Kind
 
 
 def announce(message: str) -> None:
     print(f"chain.py: {message}", flush=True)  # flushed: the children write to the same stream
-
-
-# The script that measures each workload, as the launcher runs it; any other --workload is a
-# user's FILE.py:FUNCTION, which own_model.py measures.
-WORKLOADS = {"network": "mesure_memoire.py", "decoder": "decoder.py"}
-OWN_MODEL = "own_model.py"
-
-
-def workload_argument(text: str) -> str:
-    if text in WORKLOADS or ":" in text:  # own_model.py's parser checks FILE.py:FUNCTION
-        return text
-    raise argparse.ArgumentTypeError(f"network, decoder or FILE.py:FUNCTION, got {text!r}")
-
-
-def script_of(workload: str) -> str:
-    return WORKLOADS.get(workload, OWN_MODEL)
 
 
 HF_CONFIG = "--hf-config"  # a Hugging Face model's config.json, among the flags: own_model.py
@@ -69,7 +54,9 @@ HF_CONFIG = "--hf-config"  # a Hugging Face model's config.json, among the flags
 def workload_flags(workload: str) -> list[str]:
     """What own_model.py is told of the workload; the built-in ones are the script itself, and
     a Hugging Face config is named by its own flag, passed on with the others."""
-    return [] if workload in (*WORKLOADS, HF_CONFIG) else ["--workload", workload]
+    if workload == HF_CONFIG or not workload_kinds.of_argument(workload).file:
+        return []
+    return ["--workload", workload]
 
 
 def check_own_model_flags(argv: list[str]) -> None:
@@ -89,12 +76,14 @@ def check_measure_flags(flags: list[str], workload: str = "network") -> None:
             raise cli.UsageError(f"the chain names its outputs: drop {name}")
     argv = ["measure", "--device", "cuda:0", *workload_flags(workload), *flags]
     argv += ["--output", "unused"]
-    if workload not in WORKLOADS:
-        check_own_model_flags(argv)
-        return
-    if workload == "network":
-        seed_network.build_parser().parse_args(argv)
-        return
+    CHECKS[workload_kinds.of_argument(workload).kind](argv)
+
+
+def check_network_flags(argv: list[str]) -> None:
+    seed_network.build_parser().parse_args(argv)
+
+
+def check_decoder_flags(argv: list[str]) -> None:
     args = decoder.build_parser().parse_args(argv)
     decoder.shape_from_args(args)
     decoder.run_configuration(args)
@@ -102,8 +91,19 @@ def check_measure_flags(flags: list[str], workload: str = "network") -> None:
         decoder.Calibration.load(decoder.existing_calibration(args.calibration))
 
 
+# How each kind's `measure` flags are checked here, in its script's own words (the kind's
+# code; which script measures it is workload_kinds' data).
+CHECKS = {
+    Kind.NETWORK: check_network_flags,
+    Kind.DECODER: check_decoder_flags,
+    Kind.OWN: check_own_model_flags,
+}
+
+
 def run_steps(
-    runner: launcher.Launcher, commands: list[list[str]], script: str = WORKLOADS["network"]
+    runner: launcher.Launcher,
+    commands: list[list[str]],
+    script: str = workload_kinds.NETWORK.script,
 ) -> list[int]:
     """Measuring commands side by side, each a fresh process; all are started from this
     thread, then waited for."""
@@ -150,10 +150,7 @@ def run_chains(
         for device in devices
     ]
     try:
-        if workload == "network":  # the seed's chain, called as it always was
-            codes = run_steps(runner, steps)
-        else:
-            codes = run_steps(runner, steps, script=script_of(workload))
+        codes = run_steps(runner, steps, script=workload_kinds.of_argument(workload).script)
     except KeyboardInterrupt:
         return [end_unrecorded(folder, "interrupted", 130) for folder in folders.values()]
     import record
@@ -196,15 +193,14 @@ def run_chain(argv: list[str] | None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=run_folders.RUNS, help="default: runs/")
     parser.add_argument(
         "--workload",
-        type=workload_argument,
-        default="network",
-        metavar="network|decoder|FILE.py:FUNCTION",
-        help="network: the seed's synthetic network (default); decoder: decoder.py's model; "
-        "FILE.py:FUNCTION: your own model (own_model.py)",
+        type=workload_kinds.workload_argument,
+        default=workload_kinds.DEFAULT.argument,
+        metavar=workload_kinds.ARGUMENTS,
+        help=workload_kinds.HELP,
     )
     args, flags = parser.parse_known_args(argv)
     if any(flag == HF_CONFIG or flag.startswith(f"{HF_CONFIG}=") for flag in flags):
-        if args.workload != "network":
+        if args.workload != workload_kinds.DEFAULT.argument:
             raise cli.UsageError(f"{HF_CONFIG} names the model: drop --workload {args.workload}")
         args.workload = HF_CONFIG  # own_model.py measures it, told by the flag itself
     if args.device != "all":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -28,6 +29,8 @@ import calcul_forfaits
 import cli
 import run_folders
 import validate
+import workload_kinds
+from workload_kinds import Kind
 
 GIB = 2**30
 # The names PyTorch gives catalogue models where they differ from the catalogue's own name,
@@ -77,7 +80,7 @@ class Memory:
         return self.total_bytes - self.context_bytes
 
 
-MEASUREMENTS = (*validate.MEASUREMENTS, validate.DECODER, validate.OWN_MODEL)
+MEASUREMENTS = workload_kinds.MEASUREMENT_SCHEMAS
 
 
 def read_checked(path: Path, kinds: tuple[str, ...], what: str, **where) -> dict:
@@ -85,12 +88,7 @@ def read_checked(path: Path, kinds: tuple[str, ...], what: str, **where) -> dict
     return validate.checked(path, kinds, what, **where).document
 
 
-DECODER = "urn:iteragpu-lab:schema:decoder-measurement:"
-OWN_MODEL = "urn:iteragpu-lab:schema:own-model-measurement:"
-PREDICTIONS = (
-    "mesure_memoire.py estimate --phases --json, decoder.py estimate --json, "
-    "own_model.py estimate --json"
-)
+PREDICTIONS = ", ".join(kind.estimate for kind in workload_kinds.KINDS)
 
 
 def configuration_text(configuration: dict) -> str:
@@ -237,14 +235,37 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
     )
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How fit reads one kind's measurement.json (the kind's code; which schema is whose is
+    workload_kinds' data): what it names, what it notes, and, for a kind whose `estimate
+    --json` writes a measurement with status "predicted", the need it stands for."""
+
+    what: Callable[[dict], str]
+    notes: Callable[[dict], tuple[str, ...]] = lambda document: ()
+    prediction: Callable[[dict, str], Need] | None = None
+
+
+READINGS = {
+    Kind.NETWORK: Reading(what=lambda document: configuration_text(document["configuration"])),
+    Kind.DECODER: Reading(
+        what=lambda document: configuration_text(document["configuration"]),
+        prediction=decoder_prediction_need,
+    ),
+    Kind.OWN: Reading(
+        what=own_model_text,
+        notes=lambda document: (own_model_prediction_note(document),),
+        prediction=own_model_prediction_need,
+    ),
+}
+
+
 def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
     if document is None:
         document = read_checked(path, MEASUREMENTS, "a measurement")
-    schema = document["schema"]
-    if schema.startswith(DECODER) and document.get("status") == "predicted":
-        return decoder_prediction_need(document, name)
-    if schema.startswith(OWN_MODEL) and document.get("status") == "predicted":
-        return own_model_prediction_need(document, name)
+    reading = READINGS[workload_kinds.of_schema(document["schema"]).kind]
+    if reading.prediction is not None and document.get("status") == "predicted":
+        return reading.prediction(document, name)
     if document["status"] == "failed":
         raise cli.UsageError(
             f"{path}: the workload's own code raised {document['failure']['exception_type']}: "
@@ -255,14 +276,13 @@ def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
             f"{path}: the run ended {document['status']}: its peak is what the GPU held when it "
             f"stopped, not what the configuration needs; fit a prediction instead ({PREDICTIONS})"
         )
-    own = schema.startswith(OWN_MODEL)
     return Need(
         peak_reserved_bytes=document["summary"]["largest_peak_reserved_bytes"],
         basis="measured",
         source=name,
-        what=own_model_text(document) if own else configuration_text(document["configuration"]),
+        what=reading.what(document),
         gpu_name=document["environment"]["gpu"].get("name"),
-        notes=(own_model_prediction_note(document),) if own else (),
+        notes=reading.notes(document),
         record=(evidence_key(path), gpu_record(document["environment"], name)),
     )
 

@@ -31,11 +31,12 @@ from typing import Protocol
 import arguments
 import environment_capture
 import torch_private
+import workload_kinds
 
 PIPELINE = Path(__file__).resolve().parent
 SCRIPT = PIPELINE / "mesure_memoire.py"
 # what a child may run: each has main(argv, process_start)
-SCRIPTS = ("mesure_memoire.py", "decoder.py", "own_model.py")
+SCRIPTS = tuple(kind.script for kind in workload_kinds.KINDS)
 FORKED = "forked from a server that had imported torch and never initialised CUDA"
 FRESH = environment_capture.FRESH_INTERPRETER
 HOLD_SECONDS = 5  # a child that has reported waits this long at most to be let go

@@ -48,10 +48,12 @@ import cli
 import run_folders
 import seed_network
 import validate
+import workload_kinds
+from workload_kinds import Kind
 
 CONFIGURATION = ("batch", "context", "width", "dtype", "warmup", "repeats", "seed")
-DECODER_LOG_NAME = "resultats-decoder.csv"
-OWN_MODEL_LOG_NAME = "resultats-own.csv"
+DECODER_LOG_NAME = workload_kinds.DECODER.log_name
+OWN_MODEL_LOG_NAME = workload_kinds.OWN.log_name
 SHAPE = ("layers", "heads", "kv_heads", "head_dim", "ffn", "vocab")
 
 
@@ -151,7 +153,7 @@ def build_decoder_row(run_id: str, data: bytes, measurement: dict, protocol_sha2
         "warm_forward_median_wall_ns": "",
         "warm_forward_median_event_ns": "",
         **evidence_cells(data, summary, protocol_sha256),
-        "workload": "decoder",
+        "workload": Kind.DECODER.value,
         "preset": configuration["preset"] or "",
         **{name: str(shape[name]) for name in SHAPE},
         "tie_embeddings": text(shape["tie_embeddings"]),
@@ -201,7 +203,7 @@ def build_own_model_row(run_id: str, data: bytes, measurement: dict, protocol_sh
         "warm_forward_median_wall_ns": "",
         "warm_forward_median_event_ns": "",
         **evidence_cells(data, summary, protocol_sha256),
-        "workload": "own",
+        "workload": Kind.OWN.value,
         **dict.fromkeys(validate.DECODER_COLUMNS[1:], ""),
         "largest_abs_difference_bytes": text(max(by_counter.values()) if by_counter else None),
         "workload_file": workload["file"],
@@ -217,6 +219,15 @@ def build_own_model_row(run_id: str, data: bytes, measurement: dict, protocol_sh
         "warm_step_median_event_ns": median_text(summary["warm_step_median_event_time_ns"]),
         "prediction_status": summary["prediction"]["status"],
     }
+
+
+# How each kind's measurement becomes its log's row (the kind's code; which log is whose is
+# workload_kinds' data).
+BUILDERS = {
+    Kind.NETWORK: build_row,
+    Kind.DECODER: build_decoder_row,
+    Kind.OWN: build_own_model_row,
+}
 
 
 def csv_line(cells) -> bytes:
@@ -289,21 +300,17 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
         print("\n".join(errors), file=sys.stderr)
         print(f"record.py: {folder} does not validate: nothing appended", file=sys.stderr)
         return cli.INVALID
-    schema, status = measurement.document["schema"], measurement.document["status"]
-    script = {validate.DECODER: "decoder.py", validate.OWN_MODEL: "own_model.py"}.get(schema)
+    kind = workload_kinds.of_schema(measurement.document["schema"])
+    status = measurement.document["status"]
     if status == "predicted":
-        raise cli.UsageError(f"{path}: a prediction ({script} estimate), not a measurement")
+        raise cli.UsageError(f"{path}: a prediction ({kind.script} estimate), not a measurement")
     if status == "failed":
         raised = measurement.document["failure"]["exception_type"]
         raise cli.UsageError(
             f"{path}: the workload's own code raised {raised}: a failed run is not a "
             "measurement, never recorded"
         )
-    build, log_name = {
-        validate.DECODER: (build_decoder_row, DECODER_LOG_NAME),
-        validate.OWN_MODEL: (build_own_model_row, OWN_MODEL_LOG_NAME),
-    }.get(schema, (build_row, run_folders.LOG_NAME))
-    row = build(folder.name, measurement.data, measurement.document, protocol.sha256)
+    row = BUILDERS[kind.kind](folder.name, measurement.data, measurement.document, protocol.sha256)
     row.update(quality)
     errors = validate.schema_errors(row, validate.RESULTS_ROW, registry)
     if errors:
@@ -312,7 +319,7 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
     refusals = validate.quality_errors(row, protocol)
     if refusals:
         raise cli.UsageError(f"quality values refused: {'; '.join(refusals)}")
-    log = folder.parent / log_name
+    log = folder.parent / kind.log_name
     if os.path.lexists(log) and validate.outside(log, folder.parent):
         raise cli.UsageError(f"{log}: a symbolic link out of {folder.parent}: nothing appended")
     line = append_row(log, row, registry, protocol)

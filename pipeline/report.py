@@ -23,6 +23,7 @@ import json
 import math
 import os
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,8 @@ import cli
 import fit
 import run_folders
 import validate
+import workload_kinds
+from workload_kinds import Kind
 
 GIB, MIB = 2**30, 2**20
 REPORT_SCHEMA = "urn:iteragpu-lab:schema:report:v1"
@@ -233,17 +236,23 @@ def wrapped(title: str, figure) -> str:
 
 def run_text(document: dict) -> str:
     """The configuration in the workload's own terms: the seed network's, a decoder's, or
-    the user's model (its file, function and declared dimensions)."""
+    the user's model (its file, function and declared dimensions). A document that names no
+    schema is read as the seed network's."""
+    kind = workload_kinds.of_schema(document.get("schema")) or workload_kinds.NETWORK
+    return DRAWINGS[kind.kind].run_text(document)
+
+
+def network_run_text(document: dict) -> str:
     c = document["configuration"]
-    workload = document.get("workload")
-    if isinstance(workload, dict) and "function" in workload:
-        dims = ", ".join(f"{k} {v}" for k, v in sorted(c.get("dims", {}).items()))
-        return f"{workload['file']}:{workload['function']}, batch {c['batch']}, " + (
-            f"{dims}, {c['dtype']}" if dims else c["dtype"]
-        )
-    if "shape" in c:
-        return fit.configuration_text(c)
     return f"batch {c['batch']}, context {c['context']}, width {c['width']}, {c['dtype']}"
+
+
+def own_run_text(document: dict) -> str:
+    c, workload = document["configuration"], document["workload"]
+    dims = ", ".join(f"{k} {v}" for k, v in sorted(c.get("dims", {}).items()))
+    return f"{workload['file']}:{workload['function']}, batch {c['batch']}, " + (
+        f"{dims}, {c['dtype']}" if dims else c["dtype"]
+    )
 
 
 def usable_line(source: Source, records: list[fit.Record]) -> tuple[int, str] | None:
@@ -337,17 +346,50 @@ def label_lines(axes, labels: list, gap: float = 0.032) -> None:
 def fixed_text(sweep: dict) -> str:
     """What the sweep held fixed, in the workload's terms."""
     base, vary = sweep["plan"]["base"], sweep["plan"]["vary"]
-    if sweep["plan"].get("workload") == "own":
-        return fit.configuration_text({k: v for k, v in base.items() if k != vary})
-    if sweep["plan"].get("workload") == "decoder":
-        model = base["preset"] or fit.configuration_text({"shape": base["shape"], "preset": None})
-        keys = ("batch", "prompt", "new_tokens", "dtype")
-        return f"decoder {model}, " + ", ".join(f"{k} {base[k]}" for k in keys if k != vary)
+    return DRAWINGS[workload_kinds.of_name(sweep["plan"].get("workload")).kind].fixed_text(
+        base, vary
+    )
+
+
+def network_fixed_text(base: dict, vary: str) -> str:
     return ", ".join(
         f"{k} {v}"
         for k, v in base.items()
         if k in ("batch", "context", "width", "dtype") and k != vary
     )
+
+
+def decoder_fixed_text(base: dict, vary: str) -> str:
+    model = base["preset"] or fit.configuration_text({"shape": base["shape"], "preset": None})
+    keys = ("batch", "prompt", "new_tokens", "dtype")
+    fixed = ", ".join(f"{k} {base[k]}" for k in keys if k != vary)
+    return f"{workload_kinds.DECODER.title} {model}, {fixed}"
+
+
+def own_fixed_text(base: dict, vary: str) -> str:
+    return fit.configuration_text({k: v for k, v in base.items() if k != vary})
+
+
+@dataclass(frozen=True)
+class Drawing:
+    """How the report names one kind (the kind's code): a run's configuration, what its
+    sweep held fixed, and whether its sweep is drawn against the catalogue's GPU models (a
+    decoder's: which GPU fits the model) rather than against the GPU it ran on."""
+
+    run_text: Callable[[dict], str]
+    fixed_text: Callable[[dict, str], str]
+    against_catalogue: bool = False
+
+
+DRAWINGS = {
+    Kind.NETWORK: Drawing(network_run_text, network_fixed_text),
+    Kind.DECODER: Drawing(
+        lambda document: fit.configuration_text(document["configuration"]),
+        decoder_fixed_text,
+        against_catalogue=True,
+    ),
+    Kind.OWN: Drawing(own_run_text, own_fixed_text),
+}
 
 
 def sweep_picture(
@@ -574,6 +616,11 @@ def png(figure) -> bytes:
     return buffer.getvalue()
 
 
+def drawing_of(source: Source) -> Drawing:
+    """The drawing of a sweep's kind, as its plan names it."""
+    return DRAWINGS[workload_kinds.of_name(source.document["plan"].get("workload")).kind]
+
+
 def plan(sources: list[Source], args, runs_dir: Path) -> Plan:
     """Every picture, rendered; report.json is written from what this returns."""
     result = Plan()
@@ -582,7 +629,7 @@ def plan(sources: list[Source], args, runs_dir: Path) -> Plan:
     lines = None
     for source in sources:
         try:
-            if source.file == "sweep.json" and source.document["plan"].get("workload") == "decoder":
+            if source.file == "sweep.json" and drawing_of(source).against_catalogue:
                 if lines is None:
                     lines = catalogue_lines(fit.load_catalogue(args.tariffs), records)
                 name = f"peaks-{source.name}.png"

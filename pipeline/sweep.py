@@ -32,6 +32,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import arguments
@@ -43,12 +44,12 @@ import record
 import run_folders
 import seed_network
 import validate
+import workload_kinds
 import yaml
+from workload_kinds import Kind
 
-DIMENSIONS = ("batch", "context", "width")
-DECODER_DIMENSIONS = ("batch", "prompt", "new_tokens")
-WORKLOADS = {"network": launcher.SCRIPT.name, "decoder": "decoder.py"}  # what measures a point
-OWN = "own"  # a user's FILE.py:FUNCTION, measured by own_model.py
+DIMENSIONS = workload_kinds.NETWORK.dimensions
+DECODER_DIMENSIONS = workload_kinds.DECODER.dimensions
 OWN_SETTINGS = ("batch", "dtype", "warmup", "repeats", "seed")  # besides its declared dimensions
 OWN_RECORD = ("file", "sha256", "function", "dimensions")  # what a plan says of the workload
 SIZES = tuple(seed_network.CONFIGURATION_DEFAULTS)
@@ -77,33 +78,22 @@ def fraction(text: str) -> float:
     return float(text)
 
 
-def workload_argument(text: str) -> str:
-    if text in WORKLOADS or ":" in text:  # own_model.py's parser checks FILE.py:FUNCTION
-        return text
-    raise argparse.ArgumentTypeError(f"network, decoder or FILE.py:FUNCTION, got {text!r}")
-
-
-def kind_of(workload: str) -> str:
-    return workload if workload in WORKLOADS else OWN
-
-
 def build_parser(workload: str = "network") -> argparse.ArgumentParser:
     """The sweep's own options, then the configuration options of the workload's `measure`."""
+    kind = workload_kinds.of_argument(workload)
     parser = cli.Parser(prog="sweep.py", description=__doc__.splitlines()[0])
     parser.add_argument("--device", required=True, help="cuda or cuda:N")
     parser.add_argument(
         "--workload",
-        type=workload_argument,
-        default="network",
-        help="network: the seed's synthetic network (default); decoder: decoder.py's model; "
-        "FILE.py:FUNCTION: your own model (own_model.py)",
+        type=workload_kinds.workload_argument,
+        default=workload_kinds.DEFAULT.argument,
+        help=workload_kinds.HELP,
     )
     parser.add_argument("--plan", help="a YAML plan under data/plans/ (instead of the flags)")
-    if kind_of(workload) == OWN:  # batch or a dimension the function declares: checked later
+    if kind.file:  # batch or a dimension the function declares: checked later
         parser.add_argument("--vary", metavar="batch|DIMENSION")
     else:
-        dimensions = DIMENSIONS if workload == "network" else DECODER_DIMENSIONS
-        parser.add_argument("--vary", choices=[d.replace("_", "-") for d in dimensions])
+        parser.add_argument("--vary", choices=list(kind.flags))
     parser.add_argument("--start", type=arguments.positive_int)
     parser.add_argument("--factor", type=factor, help="next = ceil(current x factor)")
     bound = parser.add_mutually_exclusive_group()
@@ -115,13 +105,7 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
         help="stop before a point whose predicted peak reserved exceeds X x memory",
     )
     base = "the base configuration (the varied one starts at --start)"
-    if workload == "network":
-        seed_network.add_configuration(parser.add_argument_group(base))
-    elif workload == "decoder":
-        decoder.add_shape(parser)
-        decoder.add_run(parser.add_argument_group(base))
-    else:
-        own_model.add_configuration(parser.add_argument_group(base))
+    SWEEPS[kind.kind].add_configuration(parser, base)
     parser.add_argument("--runs-dir", default=str(run_folders.RUNS), help=argparse.SUPPRESS)
     parser.add_argument("--no-fork", action="store_true", help="fresh interpreters instead")
     return parser
@@ -130,11 +114,13 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The workload first, as it decides which configuration options exist."""
     peek = cli.Parser(prog="sweep.py", add_help=False, allow_abbrev=False)
-    peek.add_argument("--workload", type=workload_argument, default="network")
-    workload = kind_of(peek.parse_known_args(argv)[0].workload)
-    args = build_parser(workload).parse_args(argv)
-    if kind_of(args.workload) != workload:  # named by an abbreviation only the full parser takes
-        args = build_parser(kind_of(args.workload)).parse_args(argv)
+    peek.add_argument(
+        "--workload", type=workload_kinds.workload_argument, default=workload_kinds.DEFAULT.argument
+    )
+    kind = workload_kinds.of_argument(peek.parse_known_args(argv)[0].workload)
+    args = build_parser(kind.argument).parse_args(argv)
+    if workload_kinds.of_argument(args.workload) != kind:  # an abbreviation the peek missed
+        args = build_parser(args.workload).parse_args(argv)
     return args
 
 
@@ -153,13 +139,8 @@ def load_plan(path: str, registry) -> dict:
     errors = validate.validate_document(plan, registry)
     if errors:
         raise cli.UsageError(f"{path}: {errors[0]}")
-    plan.setdefault("workload", "network")
-    if plan["workload"] == "decoder":
-        given = plan["base"].get("shape")
-        plan["base"] = decoder_base(decoder_args("cuda:0", plan["base"]))
-        if given is not None and plan["base"]["preset"] and given != plan["base"]["shape"]:
-            raise cli.UsageError(f"{path}: base: give a preset or a shape, not both")
-        decoder_args("cuda:0", dict(plan["base"], **{plan["vary"]: plan["start"]}))
+    plan.setdefault("workload", workload_kinds.DEFAULT.kind.value)
+    SWEEPS[workload_kinds.of_name(plan["workload"]).kind].check_plan(plan, path)
     return plan
 
 
@@ -176,6 +157,16 @@ def not_finite(value, where: str = "") -> str | None:
 
 
 # ---------------------------------------------------------------- the decoder's points
+
+
+def check_decoder_plan(plan: dict, path: str) -> None:
+    """A YAML plan's decoder base, made whole (its preset's shape) and checked as decoder.py
+    checks a point's options, for the base and the first point."""
+    given = plan["base"].get("shape")
+    plan["base"] = decoder_base(decoder_args("cuda:0", plan["base"]))
+    if given is not None and plan["base"]["preset"] and given != plan["base"]["shape"]:
+        raise cli.UsageError(f"{path}: base: give a preset or a shape, not both")
+    decoder_args("cuda:0", dict(plan["base"], **{plan["vary"]: plan["start"]}))
 
 
 def decoder_base(args: argparse.Namespace) -> dict:
@@ -217,13 +208,28 @@ def decoder_args(device: str, configuration: dict) -> argparse.Namespace:
 
 
 def beyond_budget(plan: dict, configuration: dict) -> str | None:
-    """Why the next decoder point is not started: its prediction (made by `measure`, and by
-    the --memory-fraction check) is over decoder.py's estimate budget; None to go on."""
-    if plan.get("workload") != "decoder":
-        return None
+    """Why the next point is not started before it runs: for a decoder, its prediction (made
+    by `measure`, and by the --memory-fraction check) is over decoder.py's estimate budget;
+    None to go on."""
+    return SWEEPS[workload_kinds.of_name(plan.get("workload")).kind].beyond_budget(configuration)
+
+
+def decoder_beyond_budget(configuration: dict) -> str | None:
     shape = decoder.Shape(**configuration["shape"])
     refused = decoder.over_budget(shape, {n: configuration[n] for n in decoder.RUN_DEFAULTS})
     return f"the next point is not started: {refused}" if refused else None
+
+
+def decoder_sweep_base(args: argparse.Namespace) -> tuple[str, dict]:
+    vary = args.vary.replace("-", "_")
+    base = decoder_base(args)
+    decoder_args(args.device, dict(base, **{vary: args.start}))  # the first point's checks
+    return vary, base
+
+
+def decoder_predicted(configuration: dict, last: dict, runs_dir: Path) -> int:
+    document = json.loads((runs_dir / last["run"] / "measurement.json").read_text())
+    return decoder_predicted_peak(configuration, document["environment"])
 
 
 def decoder_predicted_peak(configuration: dict, environment: dict) -> int:
@@ -266,8 +272,19 @@ def own_base(args: argparse.Namespace, vary: str) -> tuple[dict, Path]:
     return base, path
 
 
-def own_flags(configuration: dict, path: Path) -> list[str]:
-    """The `own_model.py measure` options of one point."""
+def own_sweep_base(args: argparse.Namespace) -> tuple[str, dict]:
+    if args.memory_fraction:
+        raise cli.UsageError(
+            "--memory-fraction: a workload file is predicted in the point's own process, "
+            "not before it starts: give --until-oom or --max-steps K"
+        )
+    vary = args.vary  # a dimension's own name, as the function declares it
+    return vary, own_base(args, vary)[0]
+
+
+def own_flags(configuration: dict, args: argparse.Namespace) -> list[str]:
+    """The `own_model.py measure` options of one point; the path is the one given."""
+    path = own_model.workload_argument(args.workload)[0]
     flags = ["--workload", f"{path}:{configuration['function']}"]
     for name in OWN_SETTINGS:
         flags += [f"--{name}", str(configuration[name])]
@@ -276,8 +293,90 @@ def own_flags(configuration: dict, path: Path) -> list[str]:
     return flags
 
 
+# ---------------------------------------------------------------- the seed network's points
+
+
+def network_sweep_base(args: argparse.Namespace) -> tuple[str, dict]:
+    return args.vary.replace("-", "_"), {name: getattr(args, name) for name in SIZES}
+
+
+def network_flags(configuration: dict, args: argparse.Namespace) -> list[str]:
+    """The kit script's `measure` options of one point."""
+    return [flag for name in SIZES for flag in (f"--{name}", str(configuration[name]))]
+
+
+def network_predicted(configuration: dict, last: dict, runs_dir: Path) -> int | None:
+    """The allocator model's peak, with the last point's library blocks; None without them."""
+    if last["library_blocks"] is None:
+        return None
+    rows = seed_network.predict_phases(configuration, last["library_blocks"])
+    return max(row["peak_reserved_bytes"] for row in rows)
+
+
+# ---------------------------------------------------------------- each kind's code
+
+
+def group_of(add: Callable) -> Callable[[argparse.ArgumentParser, str], None]:
+    """A module's add_configuration(group), called with a group titled as the sweep titles it."""
+    return lambda parser, title: add(parser.add_argument_group(title))
+
+
+def add_decoder_configuration(parser: argparse.ArgumentParser, title: str) -> None:
+    decoder.add_shape(parser)
+    decoder.add_run(parser.add_argument_group(title))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweeping:
+    """What the sweep does its own way for one kind, as code; what is data (the measuring
+    script, the dimensions --vary takes, the kind's name) is in workload_kinds."""
+
+    add_configuration: Callable[[argparse.ArgumentParser, str], None]  # its measure options
+    base: Callable[[argparse.Namespace], tuple[str, dict]]  # (vary, base) from the flags
+    flags: Callable[[dict, argparse.Namespace], list[str]]  # one point's measure options
+    what: Callable[[dict], str]  # how the first line names the base ("" the seed network)
+    # Before the next point: its predicted peak reserved (--memory-fraction), None if not
+    # known, and why it is not started at all.
+    predicted: Callable[[dict, dict, Path], int | None] = lambda configuration, last, runs: None
+    beyond_budget: Callable[[dict], str | None] = lambda configuration: None
+    check_plan: Callable[[dict, str], None] = lambda plan, path: None  # a YAML plan's base
+
+
+SWEEPS = {
+    Kind.NETWORK: Sweeping(
+        add_configuration=group_of(seed_network.add_configuration),
+        base=network_sweep_base,
+        flags=network_flags,
+        what=lambda base: "",
+        predicted=network_predicted,
+    ),
+    Kind.DECODER: Sweeping(
+        add_configuration=add_decoder_configuration,
+        base=decoder_sweep_base,
+        flags=lambda configuration, args: decoder_flags(configuration),
+        what=lambda base: (
+            f" ({workload_kinds.DECODER.title} "
+            f"{base['preset'] or 'of the given shape'}, {base['dtype']})"
+        ),
+        predicted=decoder_predicted,
+        beyond_budget=decoder_beyond_budget,
+        check_plan=check_decoder_plan,
+    ),
+    Kind.OWN: Sweeping(
+        add_configuration=group_of(own_model.add_configuration),
+        base=own_sweep_base,
+        flags=own_flags,
+        what=lambda base: f" ({base['file']}:{base['function']}, {base['dtype']})",
+    ),
+}
+
+
+# ---------------------------------------------------------------- the plan
+
+
 def plan_from(args: argparse.Namespace, registry) -> dict:
-    if args.plan and kind_of(args.workload) == OWN:
+    kind = workload_kinds.of_argument(args.workload)
+    if args.plan and kind.file:
         raise cli.UsageError("--plan: a workload file is swept with --vary, --start and --factor")
     if args.plan:
         plan = load_plan(args.plan, registry)
@@ -297,23 +396,10 @@ def plan_from(args: argparse.Namespace, registry) -> dict:
         if args.max_steps
         else {"memory_fraction": args.memory_fraction}
     )
-    vary = args.vary.replace("-", "_")
-    if args.workload == "decoder":
-        base = decoder_base(args)
-        decoder_args(args.device, dict(base, **{vary: args.start}))  # the first point's checks
-    elif kind_of(args.workload) == OWN:
-        if args.memory_fraction:
-            raise cli.UsageError(
-                "--memory-fraction: a workload file is predicted in the point's own process, "
-                "not before it starts: give --until-oom or --max-steps K"
-            )
-        vary = args.vary  # a dimension's own name, as the function declares it
-        base, _ = own_base(args, vary)
-    else:
-        base = {name: getattr(args, name) for name in SIZES}
+    vary, base = SWEEPS[kind.kind].base(args)
     return {
         "schema": "urn:iteragpu-lab:schema:sweep-plan:v1",
-        "workload": kind_of(args.workload),
+        "workload": kind.kind.value,
         "vary": vary,
         "start": args.start,
         "factor": args.factor,
@@ -377,21 +463,12 @@ class Point:
     """One point: a fresh measurement process writing into a hidden folder, renamed to
     <runs>/<id>/ once whole, so that no folder named by a run id is ever half written."""
 
-    def __init__(
-        self, runs_dir: Path, device: str, configuration: dict, workload: str, path=None
-    ) -> None:
+    def __init__(self, runs_dir: Path, device: str, flags: list[str], script: str) -> None:
         self.run_id = run_folders.new_run_id()
         self.folder = runs_dir / f".{self.run_id}.partial"
         output = str(self.folder / "measurement.json")
-        self.argv = ["measure", "--device", device, "--output", output]
-        if workload == "decoder":
-            self.argv += decoder_flags(configuration)
-        elif workload == OWN:
-            self.argv += own_flags(configuration, path)
-        else:
-            for name in SIZES:
-                self.argv += [f"--{name}", str(configuration[name])]
-        self.script = WORKLOADS.get(workload, "own_model.py")
+        self.argv = ["measure", "--device", device, "--output", output, *flags]
+        self.script = script
         self.child: launcher.Child | None = None
 
     @property
@@ -452,22 +529,16 @@ def predicted_too_large(
 ) -> str | None:
     """With --memory-fraction: why the next point is not started, from its peak reserved
     predicted with the last point's library blocks (the decoder's: its mirror, with the
-    calibration of the last point's GPU and PyTorch); None to go on."""
+    calibration of the last point's GPU and PyTorch); None to go on or when not known."""
     last = points[-1] if points else None
     if "memory_fraction" not in plan["stop"] or last is None:
         return None
     memory, share = last["total_memory_bytes"], plan["stop"]["memory_fraction"]
     if memory is None:
         return None
-    if plan.get("workload") == "decoder":
-        document = json.loads((runs_dir / last["run"] / "measurement.json").read_text())
-        expected = decoder_predicted_peak(configuration, document["environment"])
-    elif last["library_blocks"] is None:
-        return None
-    else:
-        rows = seed_network.predict_phases(configuration, last["library_blocks"])
-        expected = max(row["peak_reserved_bytes"] for row in rows)
-    if expected <= share * memory:
+    kind = workload_kinds.of_name(plan.get("workload"))
+    expected = SWEEPS[kind.kind].predicted(configuration, last, runs_dir)
+    if expected is None or expected <= share * memory:
         return None
     return (
         f"the next point's predicted peak reserved, {size(expected)} ({expected} bytes), "
@@ -530,20 +601,15 @@ def run_sweep(args: argparse.Namespace) -> int:
     device = f"cuda:{arguments.device_index(cli.device(args.device))}"
     runs_dir = cli.existing_folder(Path(args.runs_dir))
     vary, bound = plan["vary"], plan["stop"].get("max_steps")
-    workload = plan["workload"]
+    kind = workload_kinds.of_name(plan["workload"])
+    sweeping = SWEEPS[kind.kind]
     runner = launcher.Launcher(fork=not args.no_fork)
     loading = (
         "loading PyTorch, once for every point"
         if runner.mode == launcher.FORKED
         else "every point loads PyTorch in a fresh interpreter"
     )
-    what, path = "", None
-    base = plan["base"]
-    if workload == "decoder":
-        what = f" (decoder {base['preset'] or 'of the given shape'}, {base['dtype']})"
-    elif workload == OWN:
-        what = f" ({base['file']}:{base['function']}, {base['dtype']})"
-        path = own_model.workload_argument(args.workload)[0]
+    what = sweeping.what(plan["base"])
     print(f"sweep of {vary} on {device}{what}: {loading}...", flush=True)
     sweep_dir = runs_dir / f"{run_folders.new_run_id()}-sweep"
     configuration = dict(plan["base"], **{vary: plan["start"]})
@@ -558,7 +624,8 @@ def run_sweep(args: argparse.Namespace) -> int:
             )
             if reason:
                 break
-            running = Point(runs_dir, device, configuration, workload, path)
+            flags = sweeping.flags(configuration, args)
+            running = Point(runs_dir, device, flags, kind.script)
             running.start(runner, after=measured)
             if measured is not None:  # recorded while the new point measures
                 reason, measured = record_point(measured, points), None

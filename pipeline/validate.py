@@ -50,15 +50,17 @@ import cli
 import decoder_rules
 import phase_protocol
 import seed_network
+import workload_kinds
+from workload_kinds import Kind
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "schemas"
 KIT_GRID = ROOT / "data" / "resultats-bruts.csv"  # the kit's empty grid: the logs' header
 PROTOCOL = ROOT / "data" / "protocole-qualite.md"
 ENVIRONMENT = "urn:iteragpu-lab:schema:environment:v1"
-MEASUREMENTS = ("urn:iteragpu-lab:schema:measurement:v1", "urn:iteragpu-lab:schema:measurement:v2")
+MEASUREMENTS = workload_kinds.NETWORK.schemas
 DECODER = decoder_rules.SCHEMA
-OWN_MODEL = "urn:iteragpu-lab:schema:own-model-measurement:v1"
+OWN_MODEL = workload_kinds.OWN.schemas[0]
 RESULTS_ROW = "urn:iteragpu-lab:schema:results-row:v1"
 PHASE_PREDICTION = "urn:iteragpu-lab:schema:phase-prediction:v1"  # estimate --phases --json
 SWEEP = "urn:iteragpu-lab:schema:sweep:v1"
@@ -67,48 +69,15 @@ HF_ZOO = "urn:iteragpu-lab:schema:hf-zoo-grid:v1"  # tests/benchmarks/hf_zoo_gri
 # A run folder's files: their names promise their kind.
 NAMED_KINDS = {
     "environment.json": ((ENVIRONMENT,), "an environment"),
-    "measurement.json": ((*MEASUREMENTS, DECODER, OWN_MODEL), "a measurement"),
+    "measurement.json": (workload_kinds.MEASUREMENT_SCHEMAS, "a measurement"),
 }
 QUALITY = ("useful_work", "accepted_results", "threshold_met")
-# The decoder log's header is the kit's, then these, in this order (results-row schema).
-DECODER_COLUMNS = (
-    "workload",
-    "preset",
-    "layers",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "ffn",
-    "vocab",
-    "tie_embeddings",
-    "qkv_bias",
-    "prompt",
-    "new_tokens",
-    "tokens_per_row",
-    "inputs_and_cache_wall_ns",
-    "prefill_wall_ns",
-    "decode_wall_ns",
-    "prefill_tokens_per_second",
-    "decode_tokens_per_second",
-    "largest_abs_difference_bytes",
-)
-# The own-model log's header is the decoder log's, then these (results-row schema): one log
-# can then hold every workload, and merge.py unites logs of the three headers.
-OWN_COLUMNS = (
-    "workload_file",
-    "workload_sha256",
-    "workload_function",
-    "workload_dims",
-    "workload_mode",
-    "parameter_count",
-    "parameter_bytes",
-    "cold_step_wall_ns",
-    "optimizer_state_wall_ns",
-    "warm_step_median_wall_ns",
-    "warm_step_median_event_ns",
-    "prediction_status",
-)
-HEADERS_NAMED = "nor the decoder log's, nor the own-model log's"
+# The decoder log's header is the kit's, then these, in this order (results-row schema); the
+# own-model log's is the decoder log's, then the own model's: one log can then hold every
+# workload, and merge.py unites logs of the three headers.
+DECODER_COLUMNS = workload_kinds.DECODER.columns
+OWN_COLUMNS = workload_kinds.OWN.columns
+HEADERS_NAMED = ", ".join(f"nor the {k.log_title} log's" for k in workload_kinds.KINDS[1:])
 # What a walk meets besides artefacts and logs, and why it is not validated.
 SKIPPED_SUFFIXES = {
     ".png": "a picture, drawn from the artefacts beside it: no schema",
@@ -610,19 +579,28 @@ def document_facts(document: dict) -> list[str]:
         return environment_facts("$.environment", document["environment"])
     if schema == PHASE_PREDICTION:
         return phase_prediction_facts(document)
-    if schema == DECODER:
-        errors = decoder_facts(document) + calibration_run_facts(document)
-    elif schema == OWN_MODEL:
-        import own_model_facts  # imported only for its files (trace_prediction's names)
-
-        errors = own_model_facts.document_facts(document)
-    elif schema in MEASUREMENTS:
-        errors = measurement_facts(document) + prediction_facts(document)
-    else:
+    kind = workload_kinds.of_schema(schema)
+    if kind is None:
         return []
+    errors = MEASUREMENT_FACTS[kind.kind](document)
     if isinstance(document.get("environment"), dict):  # a prediction has none
         errors += environment_facts("$.environment", document["environment"])
     return errors
+
+
+def own_model_document_facts(document: dict) -> list[str]:
+    import own_model_facts  # imported only for its files (trace_prediction's names)
+
+    return own_model_facts.document_facts(document)
+
+
+# What each kind's measurement.json implies beyond its schema (the kind's code; which schema
+# is whose is workload_kinds' data).
+MEASUREMENT_FACTS = {
+    Kind.NETWORK: lambda document: measurement_facts(document) + prediction_facts(document),
+    Kind.DECODER: lambda document: decoder_facts(document) + calibration_run_facts(document),
+    Kind.OWN: own_model_document_facts,
+}
 
 
 def validate_document(document, registry: Registry, schema: str | None = None) -> list[str]:
@@ -739,7 +717,7 @@ def checked_environment(path: Path, inside: Path) -> dict:
     validating whole measurements there would cost 25 ms each."""
     _, document = read_json_file(path, inside)
     named = document.get("schema") if isinstance(document, dict) else None
-    if named not in (ENVIRONMENT, *MEASUREMENTS, DECODER, OWN_MODEL):
+    if named not in (ENVIRONMENT, *workload_kinds.MEASUREMENT_SCHEMAS):
         raise cli.UsageError(f"{path}: not an environment or a measurement (schema {named!r})")
     environment = document.get("environment")
     reference = {"$ref": f"{ENVIRONMENT}#/$defs/environment"}
@@ -985,21 +963,27 @@ def kit_header(grid: Path = KIT_GRID) -> tuple[str, ...]:
         return tuple(next(csv.reader(handle)))
 
 
+def header_of(kind: workload_kinds.WorkloadKind) -> tuple[str, ...]:
+    """The columns of a kind's log: the kit's, then the columns of each kind up to this one,
+    in the registry's order. A log with a narrower header (every log written before the
+    kind) stays a valid log as it is."""
+    upto = workload_kinds.KINDS[: workload_kinds.KINDS.index(kind) + 1]
+    return kit_header() + tuple(column for entry in upto for column in entry.columns)
+
+
 def decoder_header() -> tuple[str, ...]:
-    """The columns of the decoder log: the kit's, then the decoder's. A log with the kit's
-    header (every log written before the decoder) stays a valid log as it is."""
-    return kit_header() + DECODER_COLUMNS
+    """The columns of the decoder log: the kit's, then the decoder's."""
+    return header_of(workload_kinds.DECODER)
 
 
 def own_model_header() -> tuple[str, ...]:
-    """The columns of the own-model log: the decoder log's, then the own model's. Logs with
-    the kit's or the decoder's header stay valid logs as they are."""
-    return decoder_header() + OWN_COLUMNS
+    """The columns of the own-model log: the decoder log's, then the own model's."""
+    return header_of(workload_kinds.OWN)
 
 
 def headers() -> tuple[tuple[str, ...], ...]:
     """The logs' headers, each the one before it and more columns."""
-    return kit_header(), decoder_header(), own_model_header()
+    return tuple(header_of(kind) for kind in workload_kinds.KINDS)
 
 
 def log_header(data: bytes) -> tuple[str, ...]:
@@ -1014,9 +998,7 @@ def log_header(data: bytes) -> tuple[str, ...]:
 
 def header_for(row: dict) -> tuple[str, ...]:
     """The narrowest header that holds `row`'s workload: the log a new one is created with."""
-    return {"decoder": decoder_header(), "own": own_model_header()}.get(
-        row.get("workload", "network"), kit_header()
-    )
+    return header_of(workload_kinds.of_name(row.get("workload")))
 
 
 def as_header(row: dict, header: tuple[str, ...]) -> dict:
@@ -1126,16 +1108,9 @@ def append_refusal(data: bytes, row: dict, registry: Registry, protocol: Protoco
     there already. A log that is not plain (a quoted cell, a control character, a byte
     outside printable ASCII) is checked row by row, as validate.py checks it."""
     header = log_header(data)
-    if row.get("workload") == "decoder" and header == kit_header() and data:
-        return (
-            f"line 1: the header of {KIT_GRID.name}, without the decoder columns: a decoder "
-            "row goes to a decoder log"
-        )
-    if row.get("workload") == "own" and header != own_model_header() and data:
-        return (
-            "line 1: a header without the own-model columns: an own-model row goes to an "
-            "own-model log"
-        )
+    kind = workload_kinds.of_name(row.get("workload"))
+    if data and len(header) < len(header_of(kind)):  # a log without the kind's columns
+        return kind.misplaced
     if data and not data.endswith(b"\n"):
         return "$: the last line has no line end (a torn append, or an edit by hand)"
     separators = data.translate(None, PLAIN_TEXT)  # one pass over the log: its commas

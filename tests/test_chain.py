@@ -136,7 +136,8 @@ def test_device_all_without_a_gpu_is_one_line_and_creates_nothing(tmp_path):
 def replay_h200(monkeypatch, measurement: str, code: int) -> None:
     """The GPU steps replaced by the real H200 outputs they gave (exit codes included)."""
 
-    def run_steps(runner, commands: list[list[str]]) -> list[int]:
+    def run_steps(runner, commands: list[list[str]], script: str) -> list[int]:
+        assert script == "mesure_memoire.py"  # the seed network's chain: the kit script
         for _command, *argv in commands:
             environment = argv[argv.index("--environment-output") + 1]
             shutil.copyfile(runfixtures.H200 / "env.json", environment)
