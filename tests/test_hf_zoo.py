@@ -371,6 +371,11 @@ BROKEN_OPEN = {
         "less on the H200 than its template, or an output lives shorter; the allocator's "
         "history of that point would say which (the device time of the session was spent)",
     ),
+    "20261204T183000Z-hf-zoo-blind-rules-repredicted": (
+        1,
+        "the same point against the same measurement, re-predicted with the central replay "
+        "in the driver model's order: 12,288 B in every step, one 3,072-float vector",
+    ),
 }
 
 
