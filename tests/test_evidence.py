@@ -9,6 +9,7 @@ import pytest
 import validate
 from conftest import RUNS, run_script
 
+pytestmark = pytest.mark.evidence
 REGISTRY = validate.load_registry()
 FILES = sorted(p for p in RUNS.rglob("*") if p.is_file() and not p.is_symlink())
 CHECKED = [  # artefacts and the log (a model's config.json is an input, not an artefact)

@@ -396,6 +396,7 @@ FALSE_EXACT_FOUND = {
 
 
 @pytest.mark.skipif(not COMMITTED, reason="no committed zoo grid summary yet")
+@pytest.mark.evidence
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.parent.name)
 def test_committed_zoo_summaries_hold(path):
     summary = json.loads(path.read_text())

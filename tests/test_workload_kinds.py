@@ -92,6 +92,7 @@ LOGS = sorted(RUNS.rglob("resultats-*.csv"))
 SWEEPS = sorted(RUNS.rglob("sweep.json"))
 
 
+@pytest.mark.evidence
 @pytest.mark.parametrize("path", MEASUREMENTS, ids=lambda p: str(p.relative_to(RUNS)))
 def test_every_committed_run_is_one_kind(path):
     [kind] = measurement_kind(path)
@@ -99,6 +100,7 @@ def test_every_committed_run_is_one_kind(path):
     assert workload_kinds.of_schema(document["schema"]).kind is kind
 
 
+@pytest.mark.evidence
 @pytest.mark.parametrize("path", LOGS, ids=lambda p: str(p.relative_to(RUNS)))
 def test_every_committed_log_is_one_kinds_log(path):
     """Its header is exactly one kind's, and its name that kind's log's; every row's
@@ -114,6 +116,7 @@ def test_every_committed_log_is_one_kinds_log(path):
         assert workload_kinds.of_name(row.get("workload")) in narrow
 
 
+@pytest.mark.evidence
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: str(p.relative_to(RUNS)))
 def test_every_committed_sweep_is_one_kinds(path):
     name = json.loads(path.read_text(encoding="utf-8"))["plan"].get("workload", "network")
