@@ -187,7 +187,12 @@ def tests(session: nox.Session) -> None:
     install_cpu_torch(session)
     # After torch: peft and accelerate require torch, and before it pip would fetch a CUDA one.
     session.install(*nox.project.dependency_groups(PYPROJECT, "hf"))
-    session.run("pytest", *session.posargs)
+    # Most tests pay a subprocess's `import torch`: on several processes (pytest-xdist) the
+    # suite takes about 70% of its time on one, on a 2-core machine; the GPU tests stay
+    # together on one process (conftest.py). `nox -s tests -- -n 0`: one process.
+    session.run(
+        "pytest", "-n", "auto", "--maxprocesses", "4", "--dist", "loadgroup", *session.posargs
+    )
 
 
 @nox.session(python=KIT_PYTHONS)

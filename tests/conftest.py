@@ -57,8 +57,11 @@ def cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU tests run where a GPU is visible and are skipped, saying why, elsewhere."""
+    """GPU tests run where a GPU is visible, one after another (on several test processes,
+    in one: out-of-memory tests fill the GPU), and are skipped, saying why, elsewhere."""
     gpu_items = [item for item in items if "gpu" in item.keywords]
+    for item in gpu_items:
+        item.add_marker(pytest.mark.xdist_group("gpu"))
     if not gpu_items or cuda_available():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU visible to PyTorch (GPU tests run on a GPU host)")
