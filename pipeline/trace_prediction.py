@@ -1203,6 +1203,8 @@ class Calibration:
     formula_rules: dict = dataclasses.field(default_factory=dict)
     # the GPU whose reduction kernel's scratch reduce_scratch works out (None: not known)
     reduce_device: reduce_scratch.Device | None = None
+    # signature -> template, as `template` worked it out (a cache, not part of the value)
+    resolved: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def known(self, signature: str, call: Signature | None = None) -> bool:
         return (
@@ -1214,7 +1216,13 @@ class Calibration:
         )
 
     def template(self, signature: str, call: Signature | None) -> list | None:
-        """None: outputs only."""
+        """None: outputs only. Worked out once per signature: a prediction replays its trace
+        a dozen times (other segment orders, bounds), and a rule's lookup is not free."""
+        if signature not in self.resolved:
+            self.resolved[signature] = self._template(signature, call)
+        return self.resolved[signature]
+
+    def _template(self, signature: str, call: Signature | None) -> list | None:
         found = self.templates.get(signature)
         if found is None:
             found = self.pattern(call)
