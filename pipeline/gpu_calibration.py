@@ -88,6 +88,15 @@ def abstract(template: list) -> list:
     return [dict(step, bytes=None) if step["kind"] == "output" else dict(step) for step in template]
 
 
+def domain(shapes: list) -> list:
+    """[least, most] of each device tensor's sizes, dimension by dimension, over the probes."""
+    per_tensor = list(zip(*shapes, strict=True))
+    return [
+        [[min(dims) for dims in zip(*each, strict=True)] for each in per_tensor],
+        [[max(dims) for dims in zip(*each, strict=True)] for each in per_tensor],
+    ]
+
+
 def structure(template: list) -> list:
     """A template with every size left out: a formula rule's steps, filled per call."""
     return [dict(step, bytes=None) if "bytes" in step else dict(step) for step in template]
@@ -111,14 +120,10 @@ def formula_rules(found: dict) -> tuple[dict, list]:
             continue
         if len(shapes) < SHAPE_RULE_MIN:
             continue
-        per_tensor = list(zip(*shapes.values(), strict=True))
         accepted[key] = {
             "formula": kernel_formulas.FORMULAS[key.split("(")[0]].__name__,
             "templates": {n: json.loads(texts.pop()) for n, texts in sorted(structures.items())},
-            "domain": [
-                [[min(dims) for dims in zip(*each, strict=True)] for each in per_tensor],
-                [[max(dims) for dims in zip(*each, strict=True)] for each in per_tensor],
-            ],
+            "domain": domain(list(shapes.values())),
             "shapes": len(shapes),
         }
     return accepted, missed
@@ -190,12 +195,9 @@ def build(documents: list[dict]) -> dict:
         shapes = list(probed.values())
         if len(shapes) < SHAPE_RULE_MIN:
             continue
-        per_tensor = list(zip(*shapes, strict=True))
-        low = [[min(dims) for dims in zip(*each, strict=True)] for each in per_tensor]
-        high = [[max(dims) for dims in zip(*each, strict=True)] for each in per_tensor]
         shape_rules[key] = {
             "template": json.loads(text),
-            "domain": [low, high],
+            "domain": domain(shapes),
             "shapes": len(shapes),
         }
     by_formula, formula_missed = formula_rules(formulas)
