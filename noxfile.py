@@ -195,6 +195,16 @@ def tests(session: nox.Session) -> None:
     )
 
 
+@nox.session(name="gpu-tests", venv_backend="none")
+def gpu_tests(session: nox.Session) -> None:
+    """The GPU tests on your GPU Python (pytest and pytest-xdist installed there): those
+    that share the GPU on 8 processes at once, then those that run it to out-of-memory, alone."""
+    python = user_python(session)
+    session.run(python, "-m", "pytest", "-m", "gpu", "--gpu-shared", "-n", "8", *session.posargs,
+                external=True)  # fmt: skip
+    session.run(python, "-m", "pytest", "-m", "gpu_whole", *session.posargs, external=True)
+
+
 @nox.session(python=KIT_PYTHONS)
 def kit(session: nox.Session) -> None:
     """Test the two kit scripts on Python 3.10-3.13 with no torch installed at all."""

@@ -60,16 +60,23 @@ def efficient_attention_backward(leaves: list) -> list[int] | None:
 
 # cuDNN's decode kernel (one query per sequence) splits the keys into S parts, each writing a
 # float32 partial output and two floats per row into one workspace, when both allow S >= 4:
-# the keys (a power of two at most keys / 128) and the GPU (a power of two at most
-# DECODE_FILL / (batch x key/value heads)). Probed on the H200 at 918 calls (batch 1 to 16,
-# 8 to 32 query heads, 2 to 32 key/value heads, head size 64 and 128, 9 to 8,193 keys):
-# where between two probed lengths, or two fills, the split changes is not known, so a call
-# there is not spoken for.
+# the keys (DECODE_KEY_SPLITS: the most parts each range of lengths allows, as probed) and the
+# GPU (a power of two at most DECODE_FILL / (batch x key/value heads)). Probed on the H200 at
+# 2,183 calls (batch 1 to 160, 8 to 32 query heads, 2 to 32 key/value heads, head size 64 and
+# 128, 9 to 32,768 keys, 2 to 512 key/value groups). The split grows one step after 512,
+# 1,016, 2,000, 4,000 and 8,000 keys; where exactly, between those and the next probed
+# length, is not known, so a call there (or past the longest probed) is not spoken for.
 DECODE_FILL = 256
-DECODE_LENGTH_STEP = 128
+DECODE_KEY_SPLITS = (  # (fewest keys, most keys, the most parts): every length between probed
+    (9, 512, 1),
+    (513, 1016, 4),
+    (1020, 2000, 8),
+    (2040, 4000, 16),
+    (4090, 8000, 32),
+    (8191, 32768, 64),
+)
 DECODE_MIN_SPLITS = 4
-DECODE_KEYS_PROBED = ((9, 400), (513, 792), (1025, 1500), (2049, 3000), (4097, 6000))
-DECODE_REFUSED_FILL = 320  # a fill between DECODE_FILL and this was never probed
+DECODE_GROUPS_PROBED = 512  # batch x key/value heads
 DECODE_HEAD_SIZES = (64, 128)
 
 
@@ -90,12 +97,11 @@ def cudnn_attention_forward(leaves: list) -> list[int] | None:
         return None
     if head_size not in DECODE_HEAD_SIZES:
         return None
-    if not any(low <= keys <= high for low, high in DECODE_KEYS_PROBED):
-        return None
+    by_keys = next((most for low, high, most in DECODE_KEY_SPLITS if low <= keys <= high), None)
     groups = batch * kv_heads
-    if any(DECODE_FILL < groups * (1 << n) < DECODE_REFUSED_FILL for n in range(12)):
+    if by_keys is None or groups > DECODE_GROUPS_PROBED:
         return None
-    splits = min(_floor_pow2(keys // DECODE_LENGTH_STEP), _floor_pow2(DECODE_FILL // groups))
+    splits = min(by_keys, _floor_pow2(DECODE_FILL // groups))
     if splits < DECODE_MIN_SPLITS:
         return []
     rows = batch * heads * splits

@@ -56,12 +56,29 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--gpu-shared",
+        action="store_true",
+        help="GPU tests on several processes at once (-n N), leaving out those marked "
+        "gpu_whole, which fill the GPU to out-of-memory: run them after, alone (nox -s gpu-tests)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    """GPU tests run where a GPU is visible, one after another (on several test processes,
-    in one: out-of-memory tests fill the GPU), and are skipped, saying why, elsewhere."""
+    """GPU tests run where a GPU is visible, one after another on one test process (those
+    that run to out-of-memory would starve the others), or with --gpu-shared all at once
+    but for those; they are skipped, saying why, where no GPU is visible."""
     gpu_items = [item for item in items if "gpu" in item.keywords]
-    for item in gpu_items:
-        item.add_marker(pytest.mark.xdist_group("gpu"))
+    if config.getoption("gpu_shared"):
+        whole = [item for item in gpu_items if "gpu_whole" in item.keywords]
+        if whole:
+            config.hook.pytest_deselected(items=whole)
+            items[:] = [item for item in items if "gpu_whole" not in item.keywords]
+            gpu_items = [item for item in gpu_items if "gpu_whole" not in item.keywords]
+    else:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.xdist_group("gpu"))
     if not gpu_items or cuda_available():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU visible to PyTorch (GPU tests run on a GPU host)")

@@ -324,6 +324,7 @@ def test_on_a_gpu_the_chain_records_one_row(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_whole
 def test_on_a_gpu_an_out_of_memory_run_is_recorded_and_exits_3(tmp_path):
     argv = ["--device", "cuda:0", "--context", "1000000000", "--runs-dir", str(tmp_path)]
     result = run_script("chain.py", *argv)

@@ -452,6 +452,7 @@ OOM_SHAPE += ["--new-tokens", "2", "--dtype", "bfloat16"]
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_whole
 @pytest.mark.parametrize("fork", [[], ["--no-fork"]], ids=["forked", "fresh"])
 def test_a_decoder_sweep_on_the_gpu_runs_to_out_of_memory(tmp_path, fork):
     argv = [*OOM_SHAPE, "--vary", "batch", "--start", "64", "--factor", "4", "--until-oom"]
@@ -486,6 +487,7 @@ def test_a_decoder_sweep_on_the_gpu_runs_to_out_of_memory(tmp_path, fork):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_whole
 def test_a_decoder_sweep_on_the_gpu_stops_before_the_point_its_mirror_says_does_not_fit(
     tmp_path,
 ):

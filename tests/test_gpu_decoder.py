@@ -83,6 +83,7 @@ def test_predicted_equals_measured_on_every_counter(tmp_path, name):
     assert differences == {}, (prediction["calibration"], prediction["not_predicted"])
 
 
+@pytest.mark.gpu_whole
 def test_out_of_memory_is_an_observation_with_exit_3(tmp_path):
     """A 128 GiB K cache for one layer: refused in inputs_and_cache, the file still written."""
     argv = ["--layers", "1", "--width", "64", "--heads", "1", "--kv-heads", "1", "--ffn", "64"]

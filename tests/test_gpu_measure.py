@@ -123,6 +123,7 @@ def test_allocator_settings_are_recorded_and_a_non_default_one_voids_the_predict
     ]
 
 
+@pytest.mark.gpu_whole
 def test_out_of_memory_is_recorded_with_exit_3(tmp_path):
     """An input far larger than any card: the inputs phase fails, the file says so."""
     document = measure(
@@ -203,6 +204,7 @@ def logged(runs_dir) -> list[dict]:
     return [row for _, row in parsed]
 
 
+@pytest.mark.gpu_whole  # reads the GPU's free memory: no other process may hold any
 def test_a_sweep_hands_each_point_over_to_the_next_through_the_real_launcher(tmp_path):
     """Four points, each a child forked while the previous one held its exit: every point is
     a whole, valid, forked run in the log, and each measured only once the previous process
@@ -232,6 +234,7 @@ def test_a_sweep_hands_each_point_over_to_the_next_through_the_real_launcher(tmp
     )
 
 
+@pytest.mark.gpu_whole
 def test_a_sweep_that_runs_out_of_memory_records_that_point_and_exits_0(tmp_path):
     """Context 2**24 fits an H200 (about 40 GiB); 2**26 does not (its first pass needs about
     150 GiB): the second point is an out-of-memory result, recorded, and the sweep's end."""

@@ -90,6 +90,7 @@ def test_the_training_example_creates_exactly_two_moments_per_parameter(tmp_path
     assert state["allocated_bytes"] - state["baseline_allocated_bytes"] == 2 * blocks
 
 
+@pytest.mark.gpu_whole
 def test_out_of_memory_is_recorded_with_its_phase(tmp_path):
     """Inputs of 20 million 32x32 images (245 GB in float32) fit on no GPU of the catalogue."""
     spec = str(PIPELINE / "workloads" / EXAMPLES["resnet"][0])

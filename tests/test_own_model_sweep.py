@@ -183,6 +183,7 @@ def test_a_missing_workload_file_is_refused_before_anything_runs(tmp_path, runs)
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_whole
 def test_an_example_swept_on_the_gpu_runs_to_out_of_memory_predicted_at_every_point(tmp_path):
     """The ResNet-style example in bfloat16, its batch multiplied by 16 from 1024 until the GPU
     is full (4M images of 32 x 32 do not fit on an H200): a few points, each predicted."""
