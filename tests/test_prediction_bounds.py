@@ -261,3 +261,33 @@ def test_a_value_dependent_operators_probe_is_neither_least_nor_most():
     assert low == MIB
     inputs = MIB + 4096 * 8
     assert high == 3 * MIB - 2 * MIB + tp.WORKSPACE_BOUND + tp.SCRATCH_FACTOR * (inputs + MIB)
+
+
+def test_the_lower_bound_counts_the_bytes_asked_for_not_a_blocks_unsplit_rest():
+    """A 2 MiB block and an 18 MiB one fill a 20 MiB segment; the 2 MiB one freed, an
+    operator's 1.5 MiB output takes it whole (a rest of 0.5 MiB is not split off), and a
+    1.25 MiB one a new segment: 21.25 MiB allocated for 20.75 MiB asked for. A real run
+    whose unknown scratch lands in that hole first puts the output elsewhere, split to its
+    size: the lower bound of peak allocated is what was asked for (the bound that broke on
+    ViT-base training in bfloat16)."""
+    trace = tp.Trace("meta", "cpu-only", "test")
+    sizes = {"a": 2 * MIB, "b": 18 * MIB, "c": 3 * MIB // 2, "d": 5 * MIB // 4}
+    for key, nbytes in sizes.items():
+        trace.signatures[key] = tp.Signature(
+            "aten.foo.default", None, [tensor_leaf(nbytes)], None, calls=1
+        )
+    trace.events = [
+        ("start", "step", None, 1),
+        ("op", tp.OpCall("aten.foo.default", tp.CALLER, "a", ((0, 0, sizes["a"]),))),
+        ("op", tp.OpCall("aten.foo.default", tp.CALLER, "b", ((0, 1, sizes["b"]),))),
+        ("free", 0),
+        ("op", tp.OpCall("aten.foo.default", tp.CALLER, "c", ((0, 2, sizes["c"]),))),
+        ("op", tp.OpCall("aten.foo.default", tp.CALLER, "d", ((0, 3, sizes["d"]),))),
+        ("end",),
+    ]
+    prediction = tp.predict(trace)
+    assert prediction.rows[0]["peak_allocated_bytes"] == 18 * MIB + 2 * MIB + 5 * MIB // 4
+    (row,) = prediction.bounds
+    asked = 18 * MIB + 3 * MIB // 2 + 5 * MIB // 4
+    assert row["peak_allocated_bytes"][0] == asked
+    assert row["peak_reserved_bytes"][0] == asked
