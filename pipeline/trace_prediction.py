@@ -714,6 +714,12 @@ def _not_half_to_float(args, kwargs) -> bool:
     return not (str(x.dtype) == "torch.float16" and dtype is not None)
 
 
+def _int_repeats(args, kwargs) -> bool:
+    """repeat_interleave by a number: no sizes read from values (a tensor of repeats is)."""
+    repeats = kwargs.get("repeats", args[1] if len(args) > 1 else None)
+    return isinstance(repeats, int)
+
+
 DECOMPOSED = {
     "aten::layer_norm": None,  # native_layer_norm, its first output kept
     "aten::group_norm": None,  # native_group_norm
@@ -729,6 +735,8 @@ DECOMPOSED = {
     "aten::min": None,  # min.other: minimum
     "aten::max": None,
     "aten::_scaled_dot_product_attention_math": None,  # sdpa_as_on_gpu's math kernel
+    "aten::matmul": None,  # _matmul_impl: folds or expands by shapes and strides, then mm/bmm
+    "aten::repeat_interleave": _int_repeats,  # unsqueeze, expand, clone, flatten (Repeat.cpp)
     "aten::softmax": _not_half_to_float,
     "aten::log_softmax": _not_half_to_float,
 }

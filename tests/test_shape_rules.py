@@ -275,3 +275,37 @@ def test_dropout_outside_training_returns_its_input_as_on_a_gpu(module):
 
     trace = tp.run_trace(torch, "meta", inference(step))
     assert ops(trace) == []
+
+
+def test_matmul_under_inference_mode_is_traced_through_its_products():
+    """A GPU runs matmul's composite function (`_matmul_impl`, which branches on shapes,
+    strides and requires_grad, never on the device): attention scores of (B, H, L, D) x
+    (B, H, D, S) expand, fold the batch dimensions and call bmm, which the calibration's
+    workspace patterns cover. Recorded whole, matmul was a call no probe had seen (Gemma-2's
+    eager attention, the math kernel)."""
+    q = x(2, 4, 16, 8)
+    k = x(2, 4, 16, 8)
+    trace = tp.run_trace(torch, "meta", inference(lambda: torch.matmul(q, k.transpose(-1, -2))))
+    assert ops(trace) == [
+        ("aten.transpose.int", []),
+        ("aten.expand.default", []),
+        ("aten.reshape.default", []),
+        ("aten.expand.default", []),
+        ("aten.reshape.default", []),
+        ("aten.bmm.default", [2 * 4 * 16 * 16 * 4]),
+        ("aten._unsafe_view.default", []),
+    ]
+
+
+def test_repeat_interleave_by_a_number_is_traced_through_its_copy():
+    """Grouped-query heads repeated for the math kernel (`repeat_interleave.self_int`): the
+    C++ function unsqueezes, expands and clones, one copy of the result's bytes; by a tensor
+    of repeats its sizes come from values, and it stays one call."""
+    kv = x(2, 2, 16, 8)
+    trace = tp.run_trace(torch, "meta", inference(lambda: torch.repeat_interleave(kv, 3, dim=1)))
+    assert ops(trace) == [
+        ("aten.unsqueeze.default", []),
+        ("aten.expand.default", []),
+        ("aten.clone.default", [2 * 6 * 16 * 8 * 4]),
+        ("aten.flatten.using_ints", []),
+    ]
