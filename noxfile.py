@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -200,6 +201,18 @@ def gpu_tests(session: nox.Session) -> None:
     """The GPU tests on your GPU Python (pytest and pytest-xdist installed there): those
     that share the GPU on 8 processes at once, then those that run it to out-of-memory, alone."""
     python = user_python(session)
+    check = subprocess.run([python, "-c", "import pytest, xdist, torch"], capture_output=True)
+    if check.returncode:
+        pins = [
+            pin
+            for pin in nox.project.dependency_groups(PYPROJECT, "test")
+            if pin.split("==")[0] in ("pytest", "pytest-xdist")
+        ]
+        refuse(
+            session,
+            f"{python} cannot import pytest, pytest-xdist or torch: with torch there, "
+            f"{python} -m pip install {' '.join(pins)}",
+        )
     session.run(python, "-m", "pytest", "-m", "gpu", "--gpu-shared", "-n", "8", *session.posargs,
                 external=True)  # fmt: skip
     session.run(python, "-m", "pytest", "-m", "gpu_whole", *session.posargs, external=True)

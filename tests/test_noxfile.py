@@ -366,3 +366,27 @@ def test_make_test_puts_pyenvs_kit_pythons_on_path_as_ci_does(repo, tmp_path, in
         *shown,
         f"PYENV_VERSION={wanted or 'unset'} nox -s lint tests kit",
     ]
+
+
+def test_gpu_tests_runs_the_shared_half_then_the_whole_gpu_half(repo, tmp_path):
+    """Two pytest runs on your Python, in this order: the GPU tests that share the GPU on 8
+    processes, then those that need it whole (the check that it has pytest, pytest-xdist
+    and torch prints nothing)."""
+    python = echo_python(tmp_path / "bin")
+    result = nox(repo, "-s", "gpu-tests", "--", "-q", path=[python.parent])
+    assert result.returncode == 0, result.stderr
+    runs = [line for line in result.stdout.splitlines() if line.startswith("arg: ")]
+    shared = ["-m", "pytest", "-m", "gpu", "--gpu-shared", "-n", "8", "-q"]
+    whole = ["-m", "pytest", "-m", "gpu_whole", "-q"]
+    assert runs == [f"arg: {a}" for a in shared + whole]
+
+
+def test_gpu_tests_without_pytest_xdist_is_one_line_naming_the_pins(repo, tmp_path):
+    python = echo_python(tmp_path / "bin")
+    result = nox(repo, "-s", "gpu-tests", path=[python.parent], env={"STAGE_EXIT": "1"})
+    assert result.returncode == 2
+    assert error_lines(result, "gpu-tests") == [
+        f"nox -s gpu-tests: error: {python} cannot import pytest, pytest-xdist or torch: with "
+        f"torch there, {python} -m pip install pytest==9.2.0 pytest-xdist==3.8.0"
+    ]
+    assert "arg: gpu" not in result.stdout  # no pytest run
