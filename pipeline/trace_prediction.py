@@ -692,10 +692,11 @@ def absent_outputs(func, args, kwargs) -> set:
 
 def host_outputs(func, args, kwargs) -> set:
     """Indexes of the outputs a GPU makes on the host (HOST_OUTPUTS)."""
-    names = HOST_OUTPUTS.get(torch_private.schema_of(func).name)
-    if not names:
+    schema = torch_private.schema_of(func)
+    names = HOST_OUTPUTS.get(schema.name)
+    if not names:  # every call of a trace asks: most have none
         return set()
-    returns = [r.name for r in torch_private.schema_of(func).returns]
+    returns = [r.name for r in schema.returns]
     return {returns.index(name) for name in names}
 
 
