@@ -459,11 +459,12 @@ class Setting:
     given: list = dataclasses.field(default_factory=list)  # the --dim options
 
 
-def trace_workload(torch, setting: Setting, index: int, target=None):
+def trace_workload(torch, setting: Setting, index: int, target=None, device=None):
     """(Trace, facts, the user's exception or None): the protocol run once on fake tensors.
     The module is imported again inside the trace, so its own tensors are fake too. target:
-    the GPU whose kernel choices a trace without a GPU makes (attention_choice.TargetGpu)."""
-    device = trace_prediction.trace_device(torch, index)
+    the GPU whose kernel choices a trace without a GPU makes (attention_choice.TargetGpu);
+    device="meta": trace as a machine without a GPU does, even on one (probe_sweep.py)."""
+    device = device or trace_prediction.trace_device(torch, index)
     dtype = getattr(torch, setting.dtype)
     config = Configuration(torch.device(device), dtype, setting.batch, setting.seed)
     facts: dict = {}

@@ -26,6 +26,18 @@ and of the 14 points there whose counters depend on the order, replayed under it
 the plain order, 8 are measured to the byte instead of 3 and 10 come closer; but
 t5-small-training-bf16-b2-s384 moves away (largest difference 5,505,024 bytes, 3,538,944
 plain; the driver's own order gives 0), so the plain order stays central.
+
+Nor a reason to claim "exact". Starts with a region freed after the first, second or third
+segment, 0 to 640 MiB in 32 MiB steps, that new spans take from its top down, order every
+large segment of 26 of the 95 measurement processes committed with their segments as the
+driver did (the plain start: none). But of 100 H200 measurements re-predicted with them, 4
+points whose counters agree under every such start differ from the H200: GPT-2 training in
+bfloat16 at 2 x 512 and 4 x 256 (131,072 bytes), Qwen2.5-0.5B training at 1 x 1,500
+(2,721,792 bytes; for these two the driver's own order gives 0) and ViT-base training in
+bfloat16 at batch 8 (1,347,584 bytes). Regions packed from the bottom up as well (tried on
+14 of them) leave the Qwen point wrong. The driver puts some segments where no such start
+does (a 20 MiB one right above the first), so the random orders of trace_prediction's
+`address_order_spread` stay.
 """
 
 from __future__ import annotations
