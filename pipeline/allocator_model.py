@@ -7,11 +7,8 @@ an environment's allocator is the one modelled (native, default settings): where
 predictions are written but are not a claim. DTYPE_BYTES: bytes per element of the dtypes
 the stages measure.
 
-Standard library only at module level (PyTorch is imported inside the functions that need
-it), Python >= 3.10: the kit script carries this code. pipeline/make_kit_script.py copies
-every definition here, verbatim, into pipeline/mesure_memoire.py, where seed_network.py's
-`# from MODULE:` lines place them; so the core modules import each other by name
-(`from allocator_model import AllocatorModel`), and the copies read the same in one file.
+A core module of the kit script (make_kit_script.py says how): standard library only,
+Python >= 3.10, PyTorch imported inside the functions that need it.
 """
 
 from __future__ import annotations

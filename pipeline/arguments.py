@@ -4,11 +4,8 @@ A bad input or a missing prerequisite is a UsageError: one line on stderr, exit 
 written (cli.run and the kit's main print it). The parsers take digits and device names only,
 refusing what they would otherwise guess at ('1e9', '+5', 'cpu').
 
-Standard library only at module level (PyTorch is imported inside the functions that need
-it), Python >= 3.10: the kit script carries this code. pipeline/make_kit_script.py copies
-every definition here, verbatim, into pipeline/mesure_memoire.py, where seed_network.py's
-`# from MODULE:` lines place them; so the core modules import each other by name
-(`from arguments import UsageError`), and the copies read the same in one file.
+A core module of the kit script (make_kit_script.py says how): standard library only,
+Python >= 3.10, PyTorch imported inside the functions that need it.
 """
 
 from __future__ import annotations

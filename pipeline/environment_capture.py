@@ -5,11 +5,8 @@ environment_document, so every environment.json reads alike (its tool is the kit
 TOOL, whichever stage captured it). The vendor's tool and the CUDA driver are started early,
 in a subprocess and a thread, to overlap `import torch`; import_torch is the exit-2 guard.
 
-Standard library only at module level (PyTorch is imported inside the functions that need
-it), Python >= 3.10: the kit script carries this code. pipeline/make_kit_script.py copies
-every definition here, verbatim, into pipeline/mesure_memoire.py, where seed_network.py's
-`# from MODULE:` lines place them; so the core modules import each other by name
-(`from writers import utc_now`), and the copies read the same in one file.
+A core module of the kit script (make_kit_script.py says how): standard library only,
+Python >= 3.10, PyTorch imported inside the functions that need it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Kernels whose scratch grows with the shapes: the size of each block, by formula.
 
 A shape rule (gpu_calibration) holds only where every probe allocated the same blocks. The
-attention backward kernels do not: their workspaces grow with batch, heads and lengths. Each
+attention backward kernels do not: their workspaces grow with batch, heads and lengths; nor
+does the math attention's _safe_softmax, whose masks grow with the scores. Each
 formula here gives, for one call, the sizes of the blocks its kernel allocates besides its
 outputs, in the order it allocates them (None: a call the formula does not speak for). A
 formula is not trusted because it is written here: `gpu_calibration.build` checks it against
@@ -108,7 +109,35 @@ def cudnn_attention_forward(leaves: list) -> list[int] | None:
     return [_align(rows * head_size * 4) + 2 * _align(rows * 4) + 128]
 
 
+SAFE_SOFTMAX_CONTIGUOUS = 8192  # reduce_scratch: no staging below this many trailing inputs
+
+
+def safe_softmax(leaves: list) -> list[int] | None:
+    """The math attention's softmax with fully masked rows set to 0 (PyTorch 2.11's
+    _safe_softmax): its output, then a bool mask of the input's -inf (one byte an element),
+    that mask reduced with `all` over the softmax dimension (one byte a row) and a scalar of
+    the input's dtype, freed in the reverse order. The reduction stages nothing in global
+    memory over fewer than 8,192 contiguous trailing inputs (reduce_scratch's reading of the
+    reduce kernel), so none is counted there; a longer row is not spoken for."""
+    tensor, dim = leaves[0], leaves[1]
+    if not (isinstance(tensor, tuple) and tensor[0] == "tensor") or tensor[1] not in ELEMENT_BYTES:
+        return None
+    shape, stride = tensor[2], tensor[3]
+    dtype_given = len(leaves) > 2 and leaves[2] is not None
+    if not shape or dim not in (-1, len(shape) - 1) or dtype_given:
+        return None
+    expected, contiguous = 1, []
+    for size in reversed(shape):
+        contiguous.append(expected)
+        expected *= size
+    if tuple(stride) != tuple(reversed(contiguous)) or shape[-1] >= SAFE_SOFTMAX_CONTIGUOUS:
+        return None
+    elements = expected
+    return [elements, elements // shape[-1], ELEMENT_BYTES[tensor[1]]]
+
+
 FORMULAS = {
+    "aten._safe_softmax.default": safe_softmax,
     "aten._scaled_dot_product_cudnn_attention.default": cudnn_attention_forward,
     "aten._scaled_dot_product_cudnn_attention_backward.default": cudnn_attention_backward,
     "aten._scaled_dot_product_efficient_attention_backward.default": efficient_attention_backward,

@@ -6,11 +6,8 @@ COUNTER_KEYS, CLOCKS and COUNTERS say what a row holds and what each number cove
 check_gpu refuses before a GPU is touched; spread and prediction_summary summarise the rows
 of any workload, the seed network's, the decoder's or a user's model.
 
-Standard library only at module level (PyTorch is imported inside the functions that need
-it), Python >= 3.10: the kit script carries this code. pipeline/make_kit_script.py copies
-every definition here, verbatim, into pipeline/mesure_memoire.py, where seed_network.py's
-`# from MODULE:` lines place them; so the core modules import each other by name
-(`from phase_protocol import run_phase`), and the copies read the same in one file.
+A core module of the kit script (make_kit_script.py says how): standard library only,
+Python >= 3.10, PyTorch imported inside the functions that need it.
 """
 
 from __future__ import annotations

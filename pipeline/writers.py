@@ -4,11 +4,8 @@ refuse_existing runs before the GPU is touched; write_new links a complete file 
 (O_TMPFILE on Linux, so even `kill -9` leaves nothing behind); write_result turns a file
 system's refusal into one line. utc_now is the timestamp every document carries.
 
-Standard library only at module level (PyTorch is imported inside the functions that need
-it), Python >= 3.10: the kit script carries this code. pipeline/make_kit_script.py copies
-every definition here, verbatim, into pipeline/mesure_memoire.py, where seed_network.py's
-`# from MODULE:` lines place them; so the core modules import each other by name
-(`from arguments import UsageError`), and the copies read the same in one file.
+A core module of the kit script (make_kit_script.py says how): standard library only,
+Python >= 3.10, PyTorch imported inside the functions that need it.
 """
 
 from __future__ import annotations

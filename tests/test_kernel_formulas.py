@@ -16,6 +16,7 @@ RUNS = Path(__file__).resolve().parent.parent / "runs"
 CUDNN = "aten._scaled_dot_product_cudnn_attention_backward.default"
 DECODE = "aten._scaled_dot_product_cudnn_attention.default"
 EFFICIENT = "aten._scaled_dot_product_efficient_attention_backward.default"
+SAFE_SOFTMAX = "aten._safe_softmax.default"
 
 
 def probes():
@@ -32,8 +33,8 @@ def internal(template: list) -> list[int]:
     return [step["bytes"] for step in template if step["kind"] == "internal"]
 
 
-def test_every_probe_of_the_attention_kernels_is_the_formula_or_declined():
-    matched = {CUDNN: 0, EFFICIENT: 0, DECODE: 0}
+def test_every_probe_of_the_formula_kernels_is_the_formula_or_declined():
+    matched = {CUDNN: 0, EFFICIENT: 0, DECODE: 0, SAFE_SOFTMAX: 0}
     without = 0
     for name, leaves, template in probes():
         found = kernel_formulas.internal_sizes(name, leaves)
@@ -46,6 +47,7 @@ def test_every_probe_of_the_attention_kernels_is_the_formula_or_declined():
     assert matched[CUDNN] >= 75, matched
     assert matched[EFFICIENT] >= 40, matched
     assert matched[DECODE] >= 2_000, matched
+    assert matched[SAFE_SOFTMAX] == 21, matched  # every one of its probes, all float32
 
 
 def decode_call(batch, heads, kv_heads, keys, head_size=64):
@@ -246,3 +248,45 @@ def test_cumsum_declines_what_was_not_probed():
     assert tp.cumsum_template({"self": many, "dim": 1}) == [
         ("output", 0, None), ("internal", 0, 16_384), ("free", 0)
     ]  # fmt: skip
+
+
+def softmax_call(shape, dtype="float32", dim=-1, stride=None):
+    if stride is None:
+        stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    return [("tensor", dtype, shape, stride, 0, math.prod(shape) * 4, "device"), dim]
+
+
+def test_safe_softmax_by_hand_and_what_it_declines():
+    """Llama-3.2-1B's float32 math attention at 3 x 400: 3 x 32 x 400 x 400 scores; a bool
+    mask of them, a bool a row, one float32 scalar."""
+    scores = (3, 32, 400, 400)
+    assert kernel_formulas.safe_softmax(softmax_call(scores)) == [15_360_000, 38_400, 4]
+    assert kernel_formulas.safe_softmax(softmax_call(scores, dim=3)) == [15_360_000, 38_400, 4]
+    assert kernel_formulas.safe_softmax(softmax_call(scores, dim=2)) is None  # not a row
+    transposed = (3 * 32 * 400 * 400, 400 * 400, 1, 400)
+    assert kernel_formulas.safe_softmax(softmax_call(scores, stride=transposed)) is None
+    # 8,192 keys: the reduction may stage partial results in global memory
+    assert kernel_formulas.safe_softmax(softmax_call((1, 1, 2, 8192))) is None
+    assert kernel_formulas.safe_softmax(softmax_call((1, 1, 2, 8191))) == [16_382, 2, 4]
+    assert kernel_formulas.safe_softmax([*softmax_call(scores), "float32"]) is None  # dtype=
+    assert kernel_formulas.safe_softmax(softmax_call(scores, dtype="int64")) is None
+
+
+def test_the_calibration_covers_safe_softmax_only_within_its_probes():
+    """The committed calibration's rule: float32, from 1 x 8 x 8 x 8 to 8 x 32 x 3000 x 3000,
+    read back to the probed blocks; a longer row, or bfloat16, is not covered."""
+    calibration = gpu_calibration.load("h200")[0]
+
+    def covered(shape, dtype="float32"):
+        leaves = softmax_call(shape, dtype)
+        call = tp.Signature(SAFE_SOFTMAX, None, leaves, None)
+        return calibration.formula_rule(call)
+
+    found = covered((3, 32, 400, 400))
+    assert [step for step in found if step[0] == "internal"] == [
+        ("internal", 0, 15_360_000),
+        ("internal", 1, 38_400),
+        ("internal", 2, 4),
+    ]
+    assert covered((1, 14, 3001, 3001)) is None
+    assert covered((3, 32, 400, 400), "bfloat16") is None
