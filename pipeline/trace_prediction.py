@@ -70,7 +70,8 @@ _ATEN_OUTPUT_ONLY = (
     "clamp_max", "eq", "ne", "lt", "gt", "le", "ge", "logical_not", "bitwise_not", "cos", "sin",
     "reciprocal", "abs", "sign", "erf", "tril", "triu", "cat", "stack", "index_select",
     "embedding", "slice_backward", "select_backward", "_softmax", "_log_softmax",
-    "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm",
+    "_log_softmax_backward_data", "native_layer_norm",
+    "constant_pad_nd",  # empty, fill_, copy_ into a narrowed view (or a clone): 189 H200 probes
 )
 _FOREACH_OUTPUT_ONLY = (
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "lerp_", "addcmul_", "addcdiv_",
@@ -144,6 +145,8 @@ def reduction_without_scratch(signature) -> bool:
 
 def output_only(signature) -> bool:
     """Known to allocate its outputs and nothing else, on any NVIDIA GPU, by PyTorch's source."""
+    if signature.name in BY_SOURCE:  # outputs only, or a block more (by_source_template)
+        return BY_SOURCE[signature.name](signature.leaves)
     name = packet(signature.name)
     return name in OUTPUT_ONLY or reduction_without_scratch(signature)
 
@@ -230,6 +233,72 @@ def cumsum_template(arguments: dict) -> list | None:
         return None
     internal = [step[1] for step in steps if step[0] == "internal"]
     return [*steps, *(("free", n) for n in reversed(internal))]
+
+
+SOFTMAX_BACKWARD = "aten._softmax_backward_data.default"
+POW_SCALAR = "aten.pow.Scalar"
+EMBEDDING = "aten.embedding.default"
+SCALAR_BYTES = {float: 8, int: 8}  # wrapped_scalar_tensor: a double or an int64
+
+
+def flat_view(shape, stride) -> bool:
+    """Can reshape(-1) view this tensor (no copy)? Adjacent dimensions, size-1 ones aside,
+    must each step by the next one's extent (TensorShape.cpp, computeStride)."""
+    kept = [(size, step) for size, step in zip(shape, stride, strict=True) if size != 1]
+    return all(
+        step == next_step * next_size
+        for (_, step), (next_size, next_step) in itertools.pairwise(kept)
+    )
+
+
+def _embedding_indices_contiguous(leaves: list) -> bool:
+    indices = leaves[1] if len(leaves) > 1 else None
+    return call_keys.is_tensor_leaf(indices) and call_keys.contiguous(indices[2], indices[3])
+
+
+# Operators whose blocks beyond their outputs PyTorch's source settles (by_source_template),
+# each with whether a call's leaves make it output-only all the same.
+BY_SOURCE = {
+    SOFTMAX_BACKWARD: lambda leaves: False,
+    POW_SCALAR: lambda leaves: type(leaves[0]) in SCALAR_BYTES and leaves[0] == 1,
+    EMBEDDING: _embedding_indices_contiguous,
+}
+
+
+def by_source_template(name: str, arguments: dict, leaves: list) -> list | None:
+    """- softmax's backward (SoftMax.cu, softmax_backward_cuda_out) computes `tmp = grad *
+      output` into a tensor of their shape before its kernel, after its output, and frees it
+      on return: all 19 of its H200 probes, from 2 KB to 4 GB;
+    - `scalar ** tensor` (Pow.cpp, pow_Scalar_out) makes the scalar a tensor on the
+      exponent's device (wrapped_scalar_tensor, 8 bytes) after its output, unless the scalar
+      is 1 (a fill): all 340 H200 probes, 8 bytes;
+    - embedding (Embedding.cpp) selects rows by `indices.reshape(-1)`, a copy of the indices
+      before the output where they cannot be viewed flat (BERT's expanded token types): all
+      its H200 probes with such indices; contiguous indices, outputs only; strided indices
+      that can be viewed flat were never probed and are not spoken for."""
+    if name == SOFTMAX_BACKWARD:
+        grad, output = arguments.get("grad_output"), arguments.get("output")
+        if not (call_keys.is_tensor_leaf(grad) and call_keys.is_tensor_leaf(output)):
+            return None
+        size = reduce_scratch.ELEMENT_SIZE.get(grad[1])
+        if grad[2] != output[2] or grad[1] != output[1] or size is None:
+            return None  # a broadcast or a promotion: not what the probes ran
+        return [("output", 0, None), ("internal", 0, size * math.prod(grad[2])), ("free", 0)]
+    if name == POW_SCALAR:
+        base = arguments.get("self")
+        if BY_SOURCE[name](leaves):
+            return []
+        size = SCALAR_BYTES.get(type(base))
+        return None if size is None else [("output", 0, None), ("internal", 0, size), ("free", 0)]
+    if name == EMBEDDING:
+        indices = arguments.get("indices")
+        if BY_SOURCE[name](leaves):
+            return []
+        size = reduce_scratch.ELEMENT_SIZE.get(indices[1])
+        if size is None or flat_view(indices[2], indices[3]):
+            return None  # strided but viewable: index_select's own way with it not probed
+        return [("internal", 0, size * math.prod(indices[2])), ("output", 0, None), ("free", 0)]
+    return None
 
 
 VALUE_DEPENDENT = {
@@ -1245,6 +1314,8 @@ class Calibration:
             return embedding_backward_template(call_arguments(call))
         if call.name == CUMSUM:
             return cumsum_template(call_arguments(call))
+        if call.name in BY_SOURCE:
+            return by_source_template(call.name, call_arguments(call), list(call.leaves))
         found = reduce_scratch.template_of_call(call.name, call_arguments(call), self.reduce_device)
         return None if found is None else [template_step(step) for step in found]
 

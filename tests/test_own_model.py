@@ -1121,9 +1121,11 @@ def test_scratch_that_depends_on_values_is_named_beyond_the_sorting_threshold(ca
 
     spec = str(PIPELINE / "workloads" / "decoder_training.py:decoder_adamw")
     document = estimate_json(capsys, spec, "--batch", str(batch), "--repeats", "1")
-    (entry,) = [e for e in document["prediction"]["unknown"] if "embedding" in e["op"]]
-    assert entry["op"] == "aten.embedding_dense_backward"
-    assert why in entry["why"]
+    unknown = {e["op"]: e for e in document["prediction"]["unknown"]}
+    assert why in unknown["aten.embedding_dense_backward"]["why"]
+    # its positions are expanded over the batch: the forward copies them on a GPU, which
+    # this estimate has no calibration to work out (trace_prediction.by_source_template)
+    assert unknown["aten.embedding"]["why"] == tp.UNCALIBRATED
 
 
 def test_a_failing_trace_leaves_the_measurement_standing(capsys, tmp_path, monkeypatch):
