@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import call_keys
+
 FLASH, EFFICIENT, CUDNN, MATH = "flash", "efficient", "cudnn", "math"
 BACKENDS = (FLASH, EFFICIENT, CUDNN, MATH)
 HALF = ("float16", "bfloat16")
@@ -80,11 +82,7 @@ def minor_version(version: str) -> str:
 
 
 def contiguous(shape) -> tuple:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
+    return tuple(call_keys.contiguous_strides(shape))
 
 
 @dataclasses.dataclass(frozen=True)

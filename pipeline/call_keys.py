@@ -13,6 +13,15 @@ def is_tensor_leaf(leaf) -> bool:
     return isinstance(leaf, tuple) and bool(leaf) and leaf[0] == "tensor"
 
 
+def contiguous_strides(shape) -> list[int]:
+    """Row-major strides as PyTorch computes them (a size-0 or size-1 dimension counts 1)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return strides[::-1]
+
+
 def contiguous(shape, stride) -> bool:
     """Row-major dense, size-1 dimensions' strides aside."""
     expected = 1

@@ -29,6 +29,8 @@ import dataclasses
 import itertools
 import math
 
+from call_keys import contiguous_strides
+
 # --- The device: the properties setReduceConfig reads (Reduce.cuh) -------------------------
 
 
@@ -146,15 +148,6 @@ def kernel_for(family: str, dtype: str, out_dtype: str | None) -> Kernel | None:
 
 
 # --- The iterator (TensorIterator.cpp) ----------------------------------------------------
-
-
-def contiguous_strides(shape) -> list[int]:
-    """Row-major strides as PyTorch computes them (a size-0 or size-1 dimension counts 1)."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return strides[::-1]
 
 
 @dataclasses.dataclass

@@ -717,14 +717,10 @@ def new_output(args, runs_dir: Path) -> Path:
         cli.existing_folder(args.output.parent)
         args.output.mkdir()
         return args.output
-    for _ in range(10):
-        folder = runs_dir / f"{run_folders.new_run_id()}-report"
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        return folder
-    raise cli.UsageError(f"{runs_dir}: ten new report ids in a row were taken")
+    try:
+        return run_folders.new_run_folder(runs_dir, "-report")
+    except FileExistsError:
+        raise cli.UsageError(f"{runs_dir}: ten new report ids in a row were taken") from None
 
 
 def write_all(folder: Path, files: dict[str, bytes]) -> None:

@@ -35,10 +35,11 @@ def new_run_id() -> str:
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
-def new_run_folder(runs_dir: Path = RUNS) -> Path:
-    """A new, empty run folder; an id already taken is drawn again, never reused."""
+def new_run_folder(runs_dir: Path = RUNS, suffix: str = "") -> Path:
+    """A new, empty run folder (its id, then `suffix`); an id already taken is drawn again,
+    never reused."""
     for _ in range(10):
-        folder = runs_dir / new_run_id()
+        folder = runs_dir / f"{new_run_id()}{suffix}"
         try:
             folder.mkdir()
         except FileExistsError:

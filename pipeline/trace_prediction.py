@@ -276,6 +276,8 @@ def by_source_template(name: str, arguments: dict, leaves: list) -> list | None:
       before the output where they cannot be viewed flat (BERT's expanded token types): all
       its H200 probes with such indices; contiguous indices, outputs only; strided indices
       that can be viewed flat were never probed and are not spoken for."""
+    if name not in BY_SOURCE or BY_SOURCE[name](leaves):
+        return [] if name in BY_SOURCE else None  # outputs only, or not one of these
     if name == SOFTMAX_BACKWARD:
         grad, output = arguments.get("grad_output"), arguments.get("output")
         if not (call_keys.is_tensor_leaf(grad) and call_keys.is_tensor_leaf(output)):
@@ -285,20 +287,13 @@ def by_source_template(name: str, arguments: dict, leaves: list) -> list | None:
             return None  # a broadcast or a promotion: not what the probes ran
         return [("output", 0, None), ("internal", 0, size * math.prod(grad[2])), ("free", 0)]
     if name == POW_SCALAR:
-        base = arguments.get("self")
-        if BY_SOURCE[name](leaves):
-            return []
-        size = SCALAR_BYTES.get(type(base))
+        size = SCALAR_BYTES.get(type(arguments.get("self")))
         return None if size is None else [("output", 0, None), ("internal", 0, size), ("free", 0)]
-    if name == EMBEDDING:
-        indices = arguments.get("indices")
-        if BY_SOURCE[name](leaves):
-            return []
-        size = reduce_scratch.ELEMENT_SIZE.get(indices[1])
-        if size is None or flat_view(indices[2], indices[3]):
-            return None  # strided but viewable: index_select's own way with it not probed
-        return [("internal", 0, size * math.prod(indices[2])), ("output", 0, None), ("free", 0)]
-    return None
+    indices = arguments.get("indices")  # an embedding whose indices are not contiguous
+    size = reduce_scratch.ELEMENT_SIZE.get(indices[1])
+    if size is None or flat_view(indices[2], indices[3]):
+        return None  # strided but viewable: index_select's own way with it not probed
+    return [("internal", 0, size * math.prod(indices[2])), ("output", 0, None), ("free", 0)]
 
 
 VALUE_DEPENDENT = {
