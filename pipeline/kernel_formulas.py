@@ -13,10 +13,14 @@ Read from the probes, then tested on shapes never probed before they were writte
 (runs/20261204T173000Z-h200-probe-sweep-training/FORMULAS-BEFORE.md); the reading of each
 term is the likeliest one, the sizes are what the H200 measured.
 
-Standard library only; imports nothing of the pipeline.
+Standard library only; of the pipeline it imports call_keys alone (which imports nothing).
 """
 
 from __future__ import annotations
+
+import math
+
+import call_keys
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -120,19 +124,15 @@ def safe_softmax(leaves: list) -> list[int] | None:
     memory over fewer than 8,192 contiguous trailing inputs (reduce_scratch's reading of the
     reduce kernel), so none is counted there; a longer row is not spoken for."""
     tensor, dim = leaves[0], leaves[1]
-    if not (isinstance(tensor, tuple) and tensor[0] == "tensor") or tensor[1] not in ELEMENT_BYTES:
+    if not call_keys.is_tensor_leaf(tensor) or tensor[1] not in ELEMENT_BYTES:
         return None
     shape, stride = tensor[2], tensor[3]
     dtype_given = len(leaves) > 2 and leaves[2] is not None
     if not shape or dim not in (-1, len(shape) - 1) or dtype_given:
         return None
-    expected, contiguous = 1, []
-    for size in reversed(shape):
-        contiguous.append(expected)
-        expected *= size
-    if tuple(stride) != tuple(reversed(contiguous)) or shape[-1] >= SAFE_SOFTMAX_CONTIGUOUS:
+    if list(stride) != call_keys.contiguous_strides(shape) or shape[-1] >= SAFE_SOFTMAX_CONTIGUOUS:
         return None
-    elements = expected
+    elements = math.prod(shape)
     return [elements, elements // shape[-1], ELEMENT_BYTES[tensor[1]]]
 
 

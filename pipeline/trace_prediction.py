@@ -276,8 +276,8 @@ def by_source_template(name: str, arguments: dict, leaves: list) -> list | None:
       before the output where they cannot be viewed flat (BERT's expanded token types): all
       its H200 probes with such indices; contiguous indices, outputs only; strided indices
       that can be viewed flat were never probed and are not spoken for."""
-    if name not in BY_SOURCE or BY_SOURCE[name](leaves):
-        return [] if name in BY_SOURCE else None  # outputs only, or not one of these
+    if BY_SOURCE[name](leaves):
+        return []  # outputs only
     if name == SOFTMAX_BACKWARD:
         grad, output = arguments.get("grad_output"), arguments.get("output")
         if not (call_keys.is_tensor_leaf(grad) and call_keys.is_tensor_leaf(output)):
