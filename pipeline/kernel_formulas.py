@@ -114,6 +114,7 @@ def cudnn_attention_forward(leaves: list) -> list[int] | None:
 
 
 SAFE_SOFTMAX_CONTIGUOUS = 8192  # reduce_scratch: no staging below this many trailing inputs
+SAFE_SOFTMAX_MASK_BYTES = 2**31  # from here the reduce kernel splits its iterator: not probed
 
 
 def safe_softmax(leaves: list) -> list[int] | None:
@@ -122,7 +123,9 @@ def safe_softmax(leaves: list) -> list[int] | None:
     that mask reduced with `all` over the softmax dimension (one byte a row) and a scalar of
     the input's dtype, freed in the reverse order. The reduction stages nothing in global
     memory over fewer than 8,192 contiguous trailing inputs (reduce_scratch's reading of the
-    reduce kernel), so none is counted there; a longer row is not spoken for."""
+    reduce kernel), so none is counted there; a longer row, an empty one, or a mask of 2**31
+    bytes or more (where the reduction splits its iterator and may take a buffer, as
+    trace_prediction.reduction_without_scratch says) is not spoken for."""
     tensor, dim = leaves[0], leaves[1]
     if not call_keys.is_tensor_leaf(tensor) or tensor[1] not in ELEMENT_BYTES:
         return None
@@ -133,6 +136,8 @@ def safe_softmax(leaves: list) -> list[int] | None:
     if list(stride) != call_keys.contiguous_strides(shape) or shape[-1] >= SAFE_SOFTMAX_CONTIGUOUS:
         return None
     elements = math.prod(shape)
+    if not elements or elements >= SAFE_SOFTMAX_MASK_BYTES:
+        return None
     return [elements, elements // shape[-1], ELEMENT_BYTES[tensor[1]]]
 
 

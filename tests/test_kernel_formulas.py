@@ -268,6 +268,11 @@ def test_safe_softmax_by_hand_and_what_it_declines():
     # 8,192 keys: the reduction may stage partial results in global memory
     assert kernel_formulas.safe_softmax(softmax_call((1, 1, 2, 8192))) is None
     assert kernel_formulas.safe_softmax(softmax_call((1, 1, 2, 8191))) == [16_382, 2, 4]
+    # a mask of 2**31 bytes: the reduction splits its iterator (8 x 32 x 2,900 x 2,900 is
+    # inside the probed box, 8 x 32 x 2,048 x 2,048 the largest probe, 2**30 bytes)
+    assert kernel_formulas.safe_softmax(softmax_call((8, 32, 2900, 2900))) is None
+    assert kernel_formulas.safe_softmax(softmax_call((8, 32, 2048, 2048)))[0] == 2**30
+    assert kernel_formulas.safe_softmax(softmax_call((2, 8, 0, 0))) is None  # no row
     assert kernel_formulas.safe_softmax([*softmax_call(scores), "float32"]) is None  # dtype=
     assert kernel_formulas.safe_softmax(softmax_call(scores, dtype="int64")) is None
 
