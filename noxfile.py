@@ -137,14 +137,14 @@ def install_once(session: nox.Session, group: str) -> None:
 
 def run_stage(
     session: nox.Session,
-    script: str,
+    module: str,
     *leading: str,
     usage: str | None = None,
     needs: str | None = None,
     group: str | None = None,
     runs_dir: bool = False,
 ) -> None:
-    """Run pipeline/<script> with the session's arguments and exit with the stage's own code:
+    """Run a stage's module with the session's arguments and exit with the stage's own code:
     nox alone ends every failure with 1, and README promises 1 invalid, 2 bad input, 3 out of
     memory. Without the arguments `usage` describes (any, or the option `needs`): exit 2.
     A session with a venv installs `group` there; one without (or under `nox --no-venv`) runs
@@ -164,11 +164,13 @@ def run_stage(
         args = ["--runs-dir", os.environ["ITERAGPU_RUNS_DIR"], *args]
     # Relative paths are your shell's: a stage runs where nox was started (nox itself moves to
     # the noxfile's folder), and says so when that is not the repository root.
+    saved = os.environ.get("PYTHONPATH")
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), *([saved] if saved else [])])}
     invoked = Path(session.invoked_from).resolve()
     where = session.chdir(invoked) if invoked != ROOT else contextlib.nullcontext()
     try:
         with where:
-            session.run(python, str(PIPELINE / script), *leading, *args, external=True)
+            session.run(python, "-m", module, *leading, *args, external=True, env=env)
     except nox.command.CommandFailed as failed:  # no code: nox could not start it at all
         raise SystemExit(USAGE if failed.return_code is None else failed.return_code) from None
 
@@ -237,21 +239,21 @@ def lint(session: nox.Session) -> None:
 def estimate(session: nox.Session) -> None:
     """Estimate weight memory without a GPU: `-- --parameters N --bits B [--reserve-gib R]`."""
     usage = "--parameters N --bits B [--reserve-gib R]"
-    run_stage(session, "mesure_memoire.py", "estimate", usage=usage)
+    run_stage(session, "pipeline.mesure_memoire", "estimate", usage=usage)
 
 
 @nox.session(venv_backend="none")
 def environment(session: nox.Session) -> None:
     """Record Python, PyTorch, GPU and driver: `-- --device cuda:0 [--output FILE]`."""
     usage = "--device cuda:N [--output NEW.json]"
-    run_stage(session, "mesure_memoire.py", "environment", usage=usage, needs="--device")
+    run_stage(session, "pipeline.mesure_memoire", "environment", usage=usage, needs="--device")
 
 
 @nox.session(venv_backend="none")
 def measure(session: nox.Session) -> None:
     """Measure into new runs/<id>/ folders, validate, log: `-- --device cuda:N|all [flags]`."""
     usage = "--device cuda:N|all [--workload network|decoder|FILE.py:FUNCTION] [--batch B ...]"
-    run_stage(session, "chain.py", usage=usage, needs="--device", runs_dir=True)
+    run_stage(session, "pipeline.stages.chain", usage=usage, needs="--device", runs_dir=True)
 
 
 @nox.session(venv_backend="none")
@@ -261,65 +263,71 @@ def sweep(session: nox.Session) -> None:
         "--device cuda:N (--plan data/plans/X.yaml | --vary width|batch|context --start N "
         "--factor F --until-oom|--max-steps K|--memory-fraction X)"
     )
-    run_stage(session, "sweep.py", usage=usage, needs="--device", runs_dir=True)
+    run_stage(session, "pipeline.stages.sweep", usage=usage, needs="--device", runs_dir=True)
 
 
 @nox.session
 def report(session: nox.Session) -> None:
     """Draw memory, sweep and cost pictures into a new runs/<id>-report/: `-- RUN_DIR...`."""
     usage = "RUN_DIR... [--days 7 --accepted-results N]"
-    run_stage(session, "report.py", usage=usage, group="report")
+    run_stage(session, "pipeline.stages.report", usage=usage, group="report")
 
 
 @nox.session(venv_backend="none")
 def validate(session: nox.Session) -> None:
     """Check artefacts, run folders or results logs against schemas/: `-- PATH...`."""
-    run_stage(session, "validate.py", usage="runs/<run-id>/ FILE.json LOG.csv ...")
+    run_stage(session, "pipeline.artefacts.validate", usage="runs/<run-id>/ FILE.json LOG.csv ...")
 
 
 @nox.session(venv_backend="none")
 def record(session: nox.Session) -> None:
     """Append validated runs to runs/resultats-bruts.csv: `-- RUN_DIR... [quality flags]`."""
-    run_stage(session, "record.py", usage="runs/<run-id>/ [--useful-work N ...]")
+    run_stage(session, "pipeline.stages.record", usage="runs/<run-id>/ [--useful-work N ...]")
 
 
 @nox.session(venv_backend="none")
 def merge(session: nox.Session) -> None:
     """Unite results logs of several machines: `-- A.csv B.csv ... --output NEW.csv`."""
-    run_stage(session, "merge.py", usage="A.csv B.csv ... --output NEW.csv", needs="--output")
+    run_stage(
+        session, "pipeline.stages.merge", usage="A.csv B.csv ... --output NEW.csv", needs="--output"
+    )
 
 
 @nox.session(venv_backend="none")
 def cost(session: nox.Session) -> None:
     """Price a rental package (standard library only): `-- --gpu b200 --days 7 --lots 2`."""
-    run_stage(session, "calcul_forfaits.py", usage="--gpu ID --days 3|7|30 [--lots N] [...]")
+    run_stage(session, "pipeline.calcul_forfaits", usage="--gpu ID --days 3|7|30 [--lots N] [...]")
 
 
 @nox.session
 def archive(session: nox.Session) -> None:
     """Build dist/iteragpu-lab-v1.zip and MANIFEST.json, reproducibly; no GPU; no overwrite."""
-    run_stage(session, "archive.py", group="pipeline")
+    run_stage(session, "pipeline.kit.archive", group="pipeline")
 
 
 @nox.session
 def verify(session: nox.Session) -> None:
     """Check the kit against MANIFEST.json: the repo's members, or `-- ZIP_OR_FOLDER`."""
-    run_stage(session, "verify.py", group="pipeline")
+    run_stage(session, "pipeline.kit.verify", group="pipeline")
 
 
 @nox.session(name="kit-script", venv_backend="none")
 def kit_script(session: nox.Session) -> None:
     """Regenerate pipeline/mesure_memoire.py from the package (`-- --check`: compare)."""
-    run_stage(session, "make_kit_script.py")
+    run_stage(session, "pipeline.kit.make_kit_script")
 
 
 @nox.session(venv_backend="none")
 def notebook(session: nox.Session) -> None:
     """Regenerate data/mesure-memoire.ipynb from mesure_memoire.py (`-- --check`: compare)."""
-    run_stage(session, "make_notebook.py")
+    run_stage(session, "pipeline.kit.make_notebook")
 
 
 @nox.session(venv_backend="none")
 def fit(session: nox.Session) -> None:
     """Which catalogue GPU holds a run's, sweep's or prediction's peak: `-- RUN_DIR --days 7`."""
-    run_stage(session, "fit.py", usage="RUN_DIR|SWEEP_DIR|PREDICTION.json --days 3|7|30 [...]")
+    run_stage(
+        session,
+        "pipeline.stages.fit",
+        usage="RUN_DIR|SWEEP_DIR|PREDICTION.json --days 3|7|30 [...]",
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +19,33 @@ ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = ROOT / "pipeline"
 SCHEMAS = ROOT / "schemas"
 RUNS = ROOT / "runs"
-sys.path.insert(0, str(PIPELINE))  # the stages are scripts, imported by file name in tests
+# pytest finds `pipeline` from the root (pyproject's pythonpath); the commands the tests start
+# find it as nox's stages do, through PYTHONPATH.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
+# The kit's two scripts run by their path, as the kit's users run them; every other command
+# as `python -m` runs it.
+KIT_SCRIPTS = ("mesure_memoire.py", "calcul_forfaits.py")
+
+
+def command(script: str) -> list[str]:
+    """How a test starts a command named by its file's name (`own_model.py`)."""
+    if script in KIT_SCRIPTS:
+        return [str(PIPELINE / script)]
+    (path,) = PIPELINE.glob(f"*/{script}")
+    return ["-m", ".".join(path.relative_to(ROOT).with_suffix("").parts)]
 
 
 def run_script(script: str, *args: str, python: str = sys.executable, flags=(), env=None, cwd=None):
-    """Run pipeline/<script> in a fresh interpreter; returns the CompletedProcess (text)."""
+    """Run a pipeline command in a fresh interpreter; returns the CompletedProcess (text)."""
+    if env is not None and str(ROOT) not in env.get("PYTHONPATH", "").split(os.pathsep):
+        env = {
+            **env,
+            "PYTHONPATH": os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT)])),
+        }
     return subprocess.run(
-        [python, *flags, str(PIPELINE / script), *args],
+        [python, *flags, *command(script), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -34,10 +55,10 @@ def run_script(script: str, *args: str, python: str = sys.executable, flags=(), 
 
 
 def run_unread(script: str, *args: str) -> tuple[bytes, int]:
-    """pipeline/<script> whose reader leaves before it writes (`| head -1`): its stderr and
+    """A pipeline command whose reader leaves before it writes (`| head -1`): its stderr and
     exit code."""
     process = subprocess.Popen(
-        [sys.executable, str(PIPELINE / script), *args],
+        [sys.executable, *command(script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -13,10 +13,9 @@ import shutil
 import zipfile
 from pathlib import Path
 
-import archive
-import make_kit_script
-import make_notebook
 from conftest import ROOT
+
+from pipeline.kit import archive, make_kit_script, make_notebook
 
 STAND_INS = {
     "data/protocole-qualite.md": "# Quality protocol\n\nA stand-in for the tests.\n",
@@ -36,6 +35,7 @@ def make_tree(folder: Path) -> Path:
         else:
             target.write_text(STAND_INS[source], encoding="utf-8")
     for source in make_kit_script.SOURCES:
+        (folder / source).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / source, folder / source)
     notebook = folder / archive.MEMBERS["mesure-memoire.ipynb"]
     notebook.write_bytes(make_notebook.render(folder))

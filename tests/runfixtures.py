@@ -4,12 +4,15 @@ of the repository whose quality protocol has its decisions written, for the stag
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
-import record
-import validate
 from conftest import ROOT
+
+from pipeline.artefacts import validate
+from pipeline.stages import record
 
 H200 = Path(__file__).resolve().parent / "data" / "h200"
 DECIDED = """---
@@ -65,14 +68,20 @@ def repo_copy(tmp_path: Path, front_matter: str = DECIDED) -> Path:
     """The stage scripts, schemas and kit data under tmp_path/repo, with `front_matter`
     in place of the protocol's: its scripts judge quality values against that protocol."""
     repo = tmp_path / "repo"
-    for folder, pattern in (("pipeline", "*.py"), ("schemas", "*.schema.json")):
-        (repo / folder).mkdir(parents=True)
-        for path in (ROOT / folder).glob(pattern):
-            shutil.copyfile(path, repo / folder / path.name)
+    shutil.copytree(ROOT / "pipeline", repo / "pipeline", ignore=shutil.ignore_patterns("__py*"))
+    (repo / "schemas").mkdir()
+    for path in (ROOT / "schemas").glob("*.schema.json"):
+        shutil.copyfile(path, repo / "schemas" / path.name)
     (repo / "data").mkdir()
     shutil.copyfile(ROOT / "data" / "resultats-bruts.csv", repo / "data" / "resultats-bruts.csv")
     write_protocol(repo / "data" / "protocole-qualite.md", front_matter)
     return repo
+
+
+def in_repo(repo: Path, module: str) -> tuple[list[str], dict]:
+    """The command line and the keywords of subprocess.run that run `module` of the copy
+    under `repo` (`-m` looks in the working folder first: the copy's)."""
+    return [sys.executable, "-m", module], {"env": {**os.environ, "PYTHONPATH": ""}, "cwd": repo}
 
 
 def write_protocol(path: Path, front_matter: str = DECIDED) -> Path:
@@ -107,7 +116,7 @@ def decoder_measurement(
     the H200 of tests/data/h200/env.json with these allocator settings, each row measured as
     predicted; a row whose predicted peak reserved exceeds memory_bytes runs out of memory,
     as the GPU would."""
-    import decoder
+    from pipeline.measuring import decoder
 
     args = decoder.build_parser().parse_args(
         ["measure", "--device", "cuda:0", *flags, "--output", "unused"]
@@ -185,9 +194,10 @@ def host_gpu(environment=None):
     environment the run records (by default the committed H200's, default allocator)."""
     import time
 
-    import own_model
     import torch
-    import trace_prediction
+
+    from pipeline.measuring import own_model
+    from pipeline.predicting import trace_prediction
 
     recorded = environment
 
@@ -241,7 +251,7 @@ def host_gpu(environment=None):
 def own_model_run(folder: Path, flags: list[str], gpu=None) -> int:
     """own_model.py measure FLAGS into folder/measurement.json and environment.json, on the
     CPU stand-in; its exit code."""
-    import own_model
+    from pipeline.measuring import own_model
 
     argv = ["measure", "--device", "cuda:0", *flags, "--output", str(folder / "measurement.json")]
     argv += ["--environment-output", str(folder / "environment.json")]

@@ -14,11 +14,12 @@ import sys
 import zipfile
 from pathlib import Path
 
-import archive
 import pytest
-import validate
-from conftest import PIPELINE, ROOT
+from conftest import ROOT
 from kit_tree import build, make_tree
+
+from pipeline.artefacts import validate
+from pipeline.kit import archive
 
 NINE = {
     "README.md",
@@ -89,7 +90,7 @@ def test_the_manifest_lists_nine_with_sizes_and_hashes_and_passes_its_schema(tre
 
 def run_archive(tree: Path, dist: Path, cwd: Path, umask: int, env: dict):
     return subprocess.run(
-        [sys.executable, str(PIPELINE / "archive.py"), "--root", str(tree), "--dist", str(dist)],
+        [sys.executable, "-m", "pipeline.kit.archive", "--root", str(tree), "--dist", str(dist)],
         cwd=cwd,
         env=env,
         preexec_fn=lambda: os.umask(umask),
@@ -250,10 +251,10 @@ DIRTY = {
     ),
     "kit script not regenerated": (
         lambda tree: replace(
-            tree / "pipeline" / "writers.py", "never overwritten", "never replaced"
+            tree / "pipeline" / "core" / "writers.py", "never overwritten", "never replaced"
         ),
-        "mesure_memoire.py: not generated from the package's modules: run python "
-        "pipeline/make_kit_script.py",
+        "mesure_memoire.py: not generated from the package's modules: run python -m "
+        "pipeline.kit.make_kit_script",
     ),
     "member missing": (
         lambda tree: (tree / "data" / "protocole-qualite.md").unlink(),

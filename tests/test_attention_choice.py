@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import pathlib
 
-import attention_choice as ac
 import pytest
+
+from pipeline.predicting import attention_choice as ac
 
 # The table recorded on the H200 by choice_table.py (beside it under runs/): a path under runs/,
 # e.g. "runs/<stamp>-sdpa-choices/sdpa-choices.json". None: not recorded yet.
@@ -139,7 +140,7 @@ torch = pytest.importorskip("torch")
 
 
 def traced(drive, target=ac.H200):
-    import trace_prediction as tp
+    from pipeline.predicting import trace_prediction as tp
 
     trace = tp.run_trace(torch, "meta", drive, target=target)
     assert trace.stopped is None

@@ -8,11 +8,9 @@ import importlib.util
 import subprocess
 import sys
 
+import gpu_guard
 import pytest
 from conftest import ROOT, cuda_available
-
-sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
-import gpu_guard
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or cuda_available(),

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import math
 
-import gpu_calibration
 import pytest
-import trace_prediction as tp
 from conftest import RUNS
+
+from pipeline.predicting import gpu_calibration
+from pipeline.predicting import trace_prediction as tp
 
 PROBES = sorted(RUNS.glob("*-h200-probe*/probes/*.json"))
 NAMES = (tp.SOFTMAX_BACKWARD, tp.POW_SCALAR, tp.EMBEDDING)

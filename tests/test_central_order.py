@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import itertools
 
-import segment_order as so
-import trace_prediction as tp
+from pipeline.predicting import segment_order as so
+from pipeline.predicting import trace_prediction as tp
 
 MiB = so.MiB
 

@@ -15,13 +15,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-import chain
-import launcher
 import pytest
-import run_folders
 import runfixtures
-import validate
-from conftest import PIPELINE, ROOT, cuda_available, run_script
+from conftest import ROOT, cuda_available, run_script
+
+from pipeline.artefacts import validate
+from pipeline.core import run_folders
+from pipeline.measuring import launcher
+from pipeline.stages import chain
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_NOX = importlib.util.find_spec("nox") is not None
@@ -232,8 +233,10 @@ def test_the_most_severe_exit_code_wins(codes, expected):
 def test_the_stages_start_without_torch_or_yaml():
     """They run after every measurement: start-up stays small."""
     program = (
-        f"import sys; sys.path.insert(0, {str(PIPELINE)!r})\n"
-        "import chain, record, merge, validate, run_folders\n"
+        "import sys\n"
+        "from pipeline.stages import chain, record, merge\n"
+        "from pipeline.artefacts import validate\n"
+        "from pipeline.core import run_folders\n"
         "print(sorted({'torch', 'yaml'} & set(sys.modules)))"
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
@@ -504,7 +507,7 @@ FAILING_WORKLOAD = (
 def measure_own_model_on_the_cpu(monkeypatch):
     """own_model.py measure, in this process with the CPU standing in for the GPU, from the
     very arguments the chain hands the launcher."""
-    import own_model
+    from pipeline.measuring import own_model
 
     scripts = []
 
@@ -599,7 +602,7 @@ def test_bad_own_model_flags_stop_before_a_run_folder_exists(tmp_path, flags, me
 def test_dimensions_a_source_does_not_state_plainly_are_left_to_the_measuring_process(
     tmp_path,
 ):
-    import own_model
+    from pipeline.measuring import own_model
 
     path = tmp_path / "model.py"
     path.write_text("def build(config, *, width=4, depth=2):\n    pass\n", encoding="utf-8")

@@ -11,15 +11,12 @@ import functools
 import hashlib
 import json
 import math
-import sys
 import types
 import weakref
 from pathlib import Path
 
-import decoder
 import pytest
 import torch
-import validate
 from conftest import ROOT, run_script, run_unread
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,10 +24,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from pipeline.artefacts import validate
+from pipeline.measuring import decoder
+
 MIB = 2**20
 COUNTER_KEYS = decoder.COUNTER_KEYS
 REGISTRY = validate.load_registry()
-sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))  # decoder_trace, the GPU tracer
 # One shape whose every tensor fits in one 512-byte block: counters are 512 x live tensors.
 TINY = decoder.Shape(layers=1, width=8, heads=2, kv_heads=1, head_dim=4, ffn=16, vocab=16)
 TINY_ARGS = ["--layers", "1", "--width", "8", "--heads", "2", "--kv-heads", "1"]
@@ -251,7 +250,7 @@ def flash_output(query, keys, values, causal, grouped):
 def traced_run(shape: decoder.Shape, run: dict, monkeypatch):
     """The model on the CPU: the weights' events, the state's tensors, generation's events.
     float32 takes the math attention (as on the GPU); half types get flash's output."""
-    import decoder_model
+    from pipeline.workloads import decoder_model
 
     dtype = getattr(torch, run["dtype"])
     if run["dtype"] != "float32":
@@ -304,7 +303,7 @@ def test_the_mirror_replays_the_real_forward_allocation_for_allocation(
 
 
 def test_the_model_builds_the_parameters_it_declares():
-    import decoder_model
+    from pipeline.workloads import decoder_model
 
     shape = decoder.Shape(2, 24, 3, 1, 8, 40, 50, True, True)
     weights = decoder_model.make_weights(shape, torch.float32, "cpu", 0)
@@ -314,7 +313,7 @@ def test_the_model_builds_the_parameters_it_declares():
 
 
 def test_generation_is_greedy_and_fills_every_new_token():
-    import decoder_model
+    from pipeline.workloads import decoder_model
 
     shape, run = TRACED[0][0], run_of(batch=2, prompt=3, new_tokens=4, dtype="float32")
     weights = decoder_model.make_weights(shape, torch.float32, "cpu", 0)
@@ -545,7 +544,7 @@ def test_a_measured_document_is_assembled_and_validates_without_a_gpu():
     environment = json.loads(h200.read_text())["environment"]
     document = decoder.new_measurement(TINY, None, run, "cuda:0", 0, environment)
     state = decoder.measure_rows(shim, TINY, run, 0, "cpu", document["phases"])
-    import decoder_model
+    from pipeline.workloads import decoder_model
 
     document["status"] = "completed"
     document["measured_attention_backend"] = decoder_model.attention_backends(TINY, state, 2)

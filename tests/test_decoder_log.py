@@ -8,10 +8,11 @@ import copy
 import json
 
 import pytest
-import record
 import runfixtures
-import validate
 from conftest import RUNS, run_script
+
+from pipeline.artefacts import validate
+from pipeline.stages import record
 
 REGISTRY = validate.load_registry()
 DECODER_LOG = "resultats-decoder.csv"

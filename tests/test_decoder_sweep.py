@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fit
 import pytest
-import report
 import runfixtures
-import sweep
-import validate
 from conftest import run_script
+
+from pipeline.artefacts import validate
+from pipeline.stages import fit, report, sweep
 
 REGISTRY = validate.load_registry()
 EIGHT_B = ["--workload", "decoder", "--preset", "llama-3.1-8b", "--prompt", "2048"]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import validate
 from conftest import RUNS, run_script
+
+from pipeline.artefacts import validate
 
 pytestmark = pytest.mark.evidence
 REGISTRY = validate.load_registry()

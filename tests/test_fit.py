@@ -14,11 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import fit
 import pytest
 from conftest import ROOT, RUNS, outside_python, run_script, run_unread
 from hypothesis import example, given
 from hypothesis import strategies as st
+
+from pipeline.stages import fit
 
 CONTEXT_SWEEP = "20261202T113219Z-8f4a88-sweep"
 ITS_LARGEST_POINT = "20261202T113227Z-29fdbe"  # context 2097152, completed

@@ -11,10 +11,11 @@ import json
 import math
 import os
 
-import decoder
 import pytest
-import validate
 from conftest import run_script
+
+from pipeline.artefacts import validate
+from pipeline.measuring import decoder
 
 pytestmark = pytest.mark.gpu
 REGISTRY = validate.load_registry()

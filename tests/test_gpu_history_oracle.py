@@ -18,10 +18,9 @@ from conftest import ROOT, RUNS
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-import attention_choice  # noqa: E402
-import gpu_calibration  # noqa: E402
-import own_model  # noqa: E402
-import trace_prediction as tp  # noqa: E402
+from pipeline.measuring import own_model  # noqa: E402
+from pipeline.predicting import attention_choice, gpu_calibration  # noqa: E402
+from pipeline.predicting import trace_prediction as tp  # noqa: E402
 
 HISTORY = RUNS / "20261204T142700Z-h200-pythia-history" / "allocator-history.json"
 CONFIG = ROOT / "tests" / "data" / "hf-configs" / "pythia-160m.json"

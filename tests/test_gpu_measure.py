@@ -10,11 +10,12 @@ import os
 import subprocess
 import sys
 
-import launcher
-import mesure_memoire
 import pytest
-import validate
 from conftest import PIPELINE, run_script
+
+from pipeline import mesure_memoire
+from pipeline.artefacts import validate
+from pipeline.measuring import launcher
 
 pytestmark = pytest.mark.gpu
 REGISTRY = validate.load_registry()

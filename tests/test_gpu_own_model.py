@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import pickle
-import sys
 
-import mesure_memoire
 import pytest
-import validate
 from conftest import PIPELINE, run_script
+
+from pipeline import mesure_memoire
+from pipeline.artefacts import validate
+from pipeline.measuring import own_model
 
 pytestmark = pytest.mark.gpu
 REGISTRY = validate.load_registry()
@@ -78,9 +79,9 @@ def test_each_example_measures_end_to_end_and_its_prediction_is_honest(tmp_path,
 def test_the_training_example_creates_exactly_two_moments_per_parameter(tmp_path):
     """AdamW's state, per parameter tensor: exp_avg and exp_avg_sq on the GPU, one block
     each (its step counts stay on the host)."""
-    sys.path.insert(0, str(PIPELINE / "workloads"))
-    import decoder_training
-
+    path = PIPELINE / "workloads" / "decoder_training.py"
+    workload_file = own_model.read_workload_file(path, "decoder_adamw")
+    decoder_training = own_model.import_workload(workload_file)
     model = decoder_training.Decoder(256, 64, 64, 2, 4, 2, 172)  # the example's defaults
     blocks = sum(block(p.numel() * 4) for p in model.parameters())
     spec = str(PIPELINE / "workloads" / EXAMPLES["decoder"][0])

@@ -8,7 +8,8 @@ a segment of its own rounded up to 2 MiB, so each tensor is one 12 MiB block and
 from __future__ import annotations
 
 import pytest
-import trace_prediction as tp
+
+from pipeline.predicting import trace_prediction as tp
 
 torch = pytest.importorskip("torch")
 

@@ -8,7 +8,8 @@ The sizes are 12 MiB: a request of 10 MiB or more gets a segment of its own, rou
 from __future__ import annotations
 
 import pytest
-import trace_prediction as tp
+
+from pipeline.predicting import trace_prediction as tp
 
 MIB = 2**20
 BLOCK = 12 * MIB  # one request, one block, one segment (>= 10 MiB: rounded to 2 MiB only)

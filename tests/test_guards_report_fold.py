@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 matplotlib = pytest.importorskip("matplotlib")
-import report  # noqa: E402
+from pipeline.stages import report  # noqa: E402
 
 MIB = 2**20
 DECODE_ROWS = 14  # with one prefill row, 15 rows: more than report.MOST_ROWS (12), folded

@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mesure_memoire
-import own_model
 import pytest
-import trace_prediction as tp
-import validate
 from conftest import ROOT
+
+from pipeline import mesure_memoire
+from pipeline.artefacts import validate
+from pipeline.measuring import own_model
+from pipeline.predicting import trace_prediction as tp
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-import hf_model  # noqa: E402  (after the skip: it needs nothing, its workloads need transformers)
+from pipeline.workloads import hf_model  # noqa: E402  (after the skip: it needs nothing, its workloads need transformers)
 
 CONFIGS = ROOT / "tests" / "data" / "hf-configs"
 REGISTRY = validate.load_registry()

@@ -1,21 +1,19 @@
 """tests/benchmarks/hf_zoo_grid.py: its points file, its selection, and `summarise` on small
 made-up cpu/ and h200/ documents (a claimed exact prediction 1 byte off is false exact, a
 bound 1 byte short is broken, a missing side is a crash), the summary validated by
-pipeline/validate.py with its facts; and every committed summary of this schema holds."""
+pipeline/artefacts/validate.py with its facts; and every committed summary of this schema holds."""
 
 from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
+import hf_zoo_grid as zoo
 import pytest
-import validate
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
-import hf_zoo_grid as zoo
+from pipeline.artefacts import validate
 
 REGISTRY = validate.load_registry()
 POINTS = ROOT / "tests" / "benchmarks" / "hf-zoo-points.txt"

@@ -1,8 +1,9 @@
-"""The pipeline's modules import each other without going round in circles: a module that
-needs another's code at load or at call time, read from its source (imports inside
-functions count: they are circles all the same, only deferred). The kit script is a leaf:
-no pipeline module imports it, and the core it is generated from imports only the standard
-library and itself."""
+"""The pipeline's modules import each other without going round in circles, and only from
+their own floor or the floors below it (pipeline.FLOORS, bottom first): a module that needs
+another's code at load or at call time, read from its source (imports inside functions
+count: they are circles all the same, only deferred). The kit scripts are leaves: they
+import nothing of the pipeline, no pipeline module imports mesure_memoire.py, and the core
+it is generated from imports only the standard library and itself."""
 
 from __future__ import annotations
 
@@ -10,19 +11,31 @@ import ast
 import sys
 from pathlib import Path
 
-import make_kit_script
+import pytest
 
-PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
+import pipeline
+from pipeline.kit import make_kit_script
+
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINE = ROOT / "pipeline"
 
 
-def imports(path: Path, modules: set[str]) -> set[str]:
+def module_name(path: Path, root: Path) -> str:
+    """pipeline/core/cli.py: pipeline.core.cli."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, modules: set[str], root: Path) -> set[str]:
+    """The modules of `modules` that the file imports, by their dotted names."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
-    return (found & modules) - {path.stem}
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return (found & modules) - {module_name(path, root)}
 
 
 def circles(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -57,79 +70,129 @@ def circles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def modules_of(folder: Path) -> set[str]:
-    return {path.stem for path in folder.glob("*.py")}
+def graph_of(root: Path) -> dict[str, set[str]]:
+    """Each module (a .py file under `root`, package or not) and the modules it imports."""
+    paths = [path for path in sorted(root.rglob("*.py")) if path.name != "__init__.py"]
+    modules = {module_name(path, root) for path in paths}
+    return {module_name(path, root): imports(path, modules, root) for path in paths}
 
 
-def graph_of(folder: Path) -> dict[str, set[str]]:
-    modules = modules_of(folder)
-    return {path.stem: imports(path, modules) for path in folder.glob("*.py")}
+GRAPH = graph_of(ROOT)
+PACKAGE = {name: imported for name, imported in GRAPH.items() if name.startswith("pipeline.")}
+KIT_SCRIPTS = {"pipeline.mesure_memoire", "pipeline.calcul_forfaits"}
+# The example workload files are a user's, loaded by path: they import `own_model` by name.
+EXAMPLES = {name for name in PACKAGE if name.split(".")[-1] in
+            ("decoder_training", "resnet_cnn", "vit_encoder")}  # fmt: skip
+
+
+def floor(module: str) -> int:
+    return pipeline.FLOORS.index(module.split(".")[1])
+
+
+def test_every_module_sits_on_a_floor():
+    stray = set(PACKAGE) - KIT_SCRIPTS - {m for m in PACKAGE if m.split(".")[1] in pipeline.FLOORS}
+    assert stray == set()
+    assert {module.split(".")[1] for module in PACKAGE} - {"mesure_memoire", "calcul_forfaits"} \
+        == set(pipeline.FLOORS)  # fmt: skip
 
 
 def test_the_pipeline_has_no_import_circle():
-    assert circles(graph_of(PIPELINE)) == []
+    assert circles(PACKAGE) == []
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    upward = sorted(
+        (module, other)
+        for module, imported in PACKAGE.items()
+        if module not in KIT_SCRIPTS
+        for other in imported
+        if other not in KIT_SCRIPTS and floor(other) > floor(module)
+    )
+    assert upward == []
+
+
+def test_the_kit_scripts_import_nothing_of_the_pipeline_and_no_module_imports_the_kit_script():
+    """The kit is a leaf: the pipeline shares the core modules mesure_memoire.py is generated
+    from, never the script (the launcher runs it by name, in a child); calcul_forfaits.py is
+    the one source of the prices fit and report quote."""
+    assert all(PACKAGE[script] == set() for script in KIT_SCRIPTS)
+    importers = sorted(
+        m for m, imported in PACKAGE.items() if "pipeline.mesure_memoire" in imported
+    )
+    assert importers == []
+    assert "pipeline.measuring.launcher" in PACKAGE  # the test reads the right folder
+
+
+def test_the_example_workloads_import_what_a_users_file_imports():
+    assert len(EXAMPLES) == 3
+    assert all(PACKAGE[example] == set() for example in EXAMPLES)
+
+
+def core(name: str) -> str:
+    return f"pipeline.core.{name}"
 
 
 def test_validate_reads_the_stages_facts_from_below_them():
     """validate is the floor under the stages: their facts live in modules it imports that
     import no stage; the stages import validate (to read a file), never the reverse."""
-    graph = graph_of(PIPELINE)
-    assert graph["validate"] & {"decoder", "own_model", "hf_model"} == set()
-    assert graph["decoder_rules"] == set()  # standard library only
-    assert graph["own_model_facts"] <= {"allocator_model", "phase_protocol", "trace_prediction"}
-    assert graph["workload_contract"] == set()  # the workload's contract: a leaf
-    assert "own_model" not in graph["hf_model"]
+    assert PACKAGE["pipeline.workloads.decoder_rules"] == set()  # standard library only
+    assert PACKAGE["pipeline.workloads.own_model_facts"] <= {
+        core("allocator_model"),
+        core("phase_protocol"),
+        "pipeline.predicting.trace_prediction",
+    }
+    assert PACKAGE[core("workload_contract")] == set()  # the workload's contract: a leaf
+    assert "pipeline.measuring.own_model" not in PACKAGE["pipeline.workloads.hf_model"]
 
 
-def test_the_decoder_model_and_the_calibration_reader_import_downwards():
-    graph = graph_of(PIPELINE)
-    assert "decoder" not in graph["decoder_model"]
-    assert graph["decoder_shape"] == set()  # standard library only
-    assert graph["call_keys"] == set()
-    assert "gpu_calibration" not in graph["trace_prediction"]
-    assert graph["torch_private"] == set()  # PyTorch's private APIs: a leaf any stage imports
-
-
-KIT_SCRIPT = make_kit_script.KIT_SCRIPT.stem
-
-
-def test_no_pipeline_module_imports_the_kit_script():
-    """The kit is a leaf: the pipeline shares the core modules the kit script is generated
-    from, never the kit script itself (the launcher runs it by name, in a child)."""
-    graph = graph_of(PIPELINE)
-    assert KIT_SCRIPT in graph  # the test reads the right folder
-    importers = sorted(module for module, imported in graph.items() if KIT_SCRIPT in imported)
-    assert importers == []
+def test_the_leaves_of_the_core_import_nothing():
+    for leaf in ("call_keys", "torch_private", "workload_kinds", "arguments", "allocator_model"):
+        assert PACKAGE[core(leaf)] == set(), leaf
+    assert PACKAGE["pipeline.workloads.decoder_shape"] == set()  # standard library only
+    assert (
+        "pipeline.predicting.gpu_calibration" not in PACKAGE["pipeline.predicting.trace_prediction"]
+    )
 
 
 def test_the_kit_scripts_sources_import_the_standard_library_and_each_other_only():
     """What make_kit_script.py copies into the one-file kit: standard library at module level
     (torch inside functions), the core importing only the core."""
-    core = set(make_kit_script.CORE)
+    kit_core = {core(name) for name in make_kit_script.CORE}
     for path in make_kit_script.SOURCES:
         found = set()
-        for node in ast.parse((PIPELINE.parent / path).read_text(encoding="utf-8")).body:
+        for node in ast.parse((ROOT / path).read_text(encoding="utf-8")).body:
             if isinstance(node, ast.Import):
                 found |= {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
+            elif isinstance(node, ast.ImportFrom) and not node.module.startswith("pipeline."):
                 found.add(node.module.split(".")[0])
-        outside = found - core - set(sys.stdlib_module_names) - {"__future__"}
-        assert outside == set(), path
-        if path.stem in core:
-            assert imports(PIPELINE / path.name, modules_of(PIPELINE)) <= core, path
+            elif isinstance(node, ast.ImportFrom):
+                assert node.module in kit_core, path
+        assert found - set(sys.stdlib_module_names) - {"__future__"} == set(), path
+        module = module_name(ROOT / path, ROOT)
+        if module in kit_core:
+            assert PACKAGE[module] <= kit_core, path
 
 
-def test_a_module_that_imports_the_kit_script_is_found(tmp_path):
-    (tmp_path / "mesure_memoire.py").write_text("")
-    (tmp_path / "stage.py").write_text("def f():\n    from mesure_memoire import main\n")
-    (tmp_path / "other.py").write_text("import stage\n")
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"p/a.py": "import p.b\n", "p/b.py": "def f():\n    from p import c\n",
+          "p/c.py": "from p.a import x\n", "p/d.py": "import p.a\n"}, [{"p.a", "p.b", "p.c"}]),
+        ({"p/a.py": "from p import b\n", "p/b.py": "x = 1\n"}, []),
+    ],
+)  # fmt: skip
+def test_a_circle_is_found_even_through_an_import_inside_a_function(tmp_path, files, expected):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert circles(graph_of(tmp_path)) == expected
+
+
+def test_an_upward_import_is_seen(tmp_path):
+    (tmp_path / "pipeline" / "core").mkdir(parents=True)
+    (tmp_path / "pipeline" / "stages").mkdir()
+    (tmp_path / "pipeline" / "core" / "low.py").write_text("from pipeline.stages import high\n")
+    (tmp_path / "pipeline" / "stages" / "high.py").write_text("from pipeline.core import low\n")
     graph = graph_of(tmp_path)
-    assert sorted(m for m, imported in graph.items() if KIT_SCRIPT in imported) == ["stage"]
-
-
-def test_a_circle_is_found_even_through_an_import_inside_a_function(tmp_path):
-    (tmp_path / "a.py").write_text("import b\n")
-    (tmp_path / "b.py").write_text("def f():\n    import c\n")
-    (tmp_path / "c.py").write_text("from a import x\n")
-    (tmp_path / "d.py").write_text("import a\n")
-    assert circles(graph_of(tmp_path)) == [{"a", "b", "c"}]
+    assert graph["pipeline.core.low"] == {"pipeline.stages.high"}
+    assert floor("pipeline.stages.high") > floor("pipeline.core.low")

@@ -7,10 +7,9 @@ import json
 import math
 from pathlib import Path
 
-import call_keys
-import gpu_calibration
-import kernel_formulas
-import trace_prediction as tp
+from pipeline.core import call_keys
+from pipeline.predicting import gpu_calibration, kernel_formulas
+from pipeline.predicting import trace_prediction as tp
 
 RUNS = Path(__file__).resolve().parent.parent / "runs"
 CUDNN = "aten._scaled_dot_product_cudnn_attention_backward.default"

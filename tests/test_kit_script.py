@@ -8,9 +8,10 @@ import shutil
 import subprocess
 import sys
 
-import make_kit_script
 import pytest
 from conftest import PIPELINE, ROOT, run_script
+
+from pipeline.kit import make_kit_script
 
 SCRIPT = PIPELINE / "mesure_memoire.py"
 
@@ -18,14 +19,15 @@ SCRIPT = PIPELINE / "mesure_memoire.py"
 def sources() -> tuple[str, dict[str, str]]:
     own_part = (ROOT / make_kit_script.OWN_PART).read_text(encoding="utf-8")
     core = {
-        name: (PIPELINE / f"{name}.py").read_text(encoding="utf-8") for name in make_kit_script.CORE
+        name: (PIPELINE / "core" / f"{name}.py").read_text(encoding="utf-8")
+        for name in make_kit_script.CORE
     }
     return own_part, core
 
 
 def test_the_committed_kit_script_is_the_package_regenerated():
     """One source: after changing seed_network.py or a core module, run
-    python pipeline/make_kit_script.py (then make_notebook.py, and rebuild the manifest)."""
+    python -m pipeline.kit.make_kit_script (then make_notebook.py, and rebuild the manifest)."""
     assert make_kit_script.render(ROOT) == SCRIPT.read_bytes()
 
 
@@ -54,7 +56,7 @@ def test_the_kit_script_imports_the_standard_library_only():
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module.split(".")[0])
     assert imported - {"__future__"} <= set(sys.stdlib_module_names)
-    assert imported.isdisjoint(path.stem for path in PIPELINE.glob("*.py"))
+    assert "pipeline" not in imported
 
 
 def test_the_kit_script_runs_alone_in_an_empty_folder(tmp_path):
@@ -132,7 +134,9 @@ def test_a_definition_placed_twice_or_defined_twice_is_refused():
     ("module", "line", "problem"),
     [
         ("writers", "import yaml", "imports yaml: the kit is standard library only"),
-        ("phase_protocol", "import arguments", "import core names with from"),
+        ("phase_protocol", "import pipeline.core.arguments", "import core names with from"),
+        ("phase_protocol", "from pipeline.core import arguments", "import core names with from"),
+        ("writers", "from pipeline.stages import fit", "imports pipeline.stages: the kit is"),
     ],
 )
 def test_the_core_imports_the_standard_library_and_the_core_by_name(module, line, problem):
@@ -147,3 +151,4 @@ def test_the_kits_imports_are_the_union_sorted_as_ruff_sorts_them():
     assert "from decimal import Context, Decimal, InvalidOperation\n" in kit
     assert "\nimport argparse\nimport datetime\nimport json\nimport os\nimport platform\n" in kit
     assert "from allocator_model" not in kit
+    assert "pipeline" not in "".join(line for line in kit.splitlines() if "import" in line)

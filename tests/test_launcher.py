@@ -12,16 +12,17 @@ import subprocess
 import sys
 import textwrap
 
-import launcher
 import pytest
 from conftest import PIPELINE, ROOT, cuda_available
+
+from pipeline.measuring import launcher
 
 pytest.importorskip("torch")
 without_a_gpu = pytest.mark.skipif(cuda_available(), reason="shows what happens without a GPU")
 
 
 def launch(code: str) -> subprocess.CompletedProcess:
-    program = f"import sys; sys.path.insert(0, {str(PIPELINE)!r})\n" + textwrap.dedent(code)
+    program = "import sys\n" + textwrap.dedent(code)
     return subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, timeout=300
     )
@@ -30,7 +31,7 @@ def launch(code: str) -> subprocess.CompletedProcess:
 def test_children_run_the_kit_script_and_the_parent_never_imports_torch(tmp_path):
     out = tmp_path / "environment.json"
     result = launch(f"""
-        import launcher
+        from pipeline.measuring import launcher
         runner = launcher.Launcher()
         codes = [runner.run(["estimate", "--parameters", "7", "--bits", "4"]),
                  runner.run(["environment", "--device", "cuda:0", "--output", {str(out)!r}])]
@@ -53,7 +54,7 @@ def test_a_refused_measurement_keeps_its_exit_code_and_writes_nothing(tmp_path):
     """No host has a 65th GPU (and one without a GPU refuses any)."""
     out = tmp_path / "m.json"
     result = launch(f"""
-        import launcher
+        from pipeline.measuring import launcher
         print(launcher.Launcher().run(["measure", "--device", "cuda:64", "--output", {str(out)!r}]))
     """)
     assert result.stdout.splitlines()[-1] == "2"
@@ -63,7 +64,7 @@ def test_a_refused_measurement_keeps_its_exit_code_and_writes_nothing(tmp_path):
 def test_without_fork_each_command_is_a_fresh_interpreter(tmp_path):
     out = tmp_path / "environment.json"
     result = launch(f"""
-        import launcher
+        from pipeline.measuring import launcher
         runner = launcher.Launcher(fork=False)
         print(runner.run(["environment", "--device", "cuda:0", "--output", {str(out)!r}]))
     """)
@@ -74,7 +75,7 @@ def test_without_fork_each_command_is_a_fresh_interpreter(tmp_path):
 def test_only_the_forked_child_touches_torch():
     """torch.cuda.is_available() and friends initialise the driver: CUDA then breaks in every
     later fork. Only `_forked_child` and `_count_gpus`, run after the fork, may name torch."""
-    tree = ast.parse((PIPELINE / "launcher.py").read_text())
+    tree = ast.parse((PIPELINE / "measuring" / "launcher.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name not in {"_forked_child", "_count_gpus"}:
             names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
@@ -84,7 +85,7 @@ def test_only_the_forked_child_touches_torch():
 
 def test_gpus_are_counted_in_a_child():
     result = launch("""
-        import launcher
+        from pipeline.measuring import launcher
         print(launcher.Launcher().count_gpus(), launcher.Launcher(fork=False).count_gpus())
         print("torch" in sys.modules)
     """)
@@ -99,7 +100,8 @@ def test_a_child_started_after_another_measures_only_once_that_one_has_exited(tm
     output must be written after the moment it exited (both times from the file system)."""
     out, exited = tmp_path / "environment.json", tmp_path / "exited"
     result = launch(f"""
-        import pathlib, time, launcher
+        import pathlib, time
+        from pipeline.measuring import launcher
         class Exiting:
             def wait(self):
                 time.sleep(1.5)
@@ -121,7 +123,8 @@ def test_a_parent_interrupted_while_waiting_leaves_the_child_measuring_nothing(t
     exits without writing, and it has been waited for when start() gives up."""
     out = tmp_path / "environment.json"
     result = launch(f"""
-        import multiprocessing, launcher
+        import multiprocessing
+        from pipeline.measuring import launcher
         class Interrupted:
             def wait(self):
                 raise KeyboardInterrupt
@@ -159,12 +162,13 @@ def test_a_child_finds_the_modules_of_the_parent_main_script_already_loaded(tmp_
     `nox -s sweep` is; PYTHONPATH is left as it was."""
     script = tmp_path / "main.py"
     script.write_text(
-        textwrap.dedent(f"""
+        textwrap.dedent("""
         import os, sys
         if __name__ == "__mp_main__":
-            print("child:", "sweep" in sys.modules, "yaml" in sys.modules, flush=True)
-        sys.path.insert(0, {str(PIPELINE)!r})
-        import launcher, sweep
+            print("child:", "pipeline.stages.sweep" in sys.modules, "yaml" in sys.modules,
+                  flush=True)
+        from pipeline.measuring import launcher
+        from pipeline.stages import sweep
         if __name__ == "__main__":
             runner = launcher.Launcher()
             print("parent:", os.environ.get("PYTHONPATH"), flush=True)
@@ -187,7 +191,8 @@ def test_a_child_holds_its_exit_after_reporting_until_waited_for():
     """The exit (a CUDA context's teardown on a GPU) waits until the parent says so, so that
     the next child can be forked first; a parent that never says so does not hang."""
     result = launch("""
-        import time, launcher
+        import time
+        from pipeline.measuring import launcher
         runner = launcher.Launcher()
         handle = runner.start(["estimate", "--parameters", "7", "--bits", "4"])
         print("parent:", handle.result(), flush=True)
@@ -270,7 +275,7 @@ TINY_DECODER += ["160", "--vocab", "1000", "--batch", "2", "--prompt", "16", "--
 
 def test_a_forked_child_runs_decoder_main_as_forked(monkeypatch):
     """The decoder's environment record says how its process started: the child must pass it."""
-    import decoder
+    from pipeline.measuring import decoder
 
     calls = []
     monkeypatch.setattr(
@@ -292,7 +297,7 @@ def test_without_a_gpu_a_forked_decoder_measurement_refuses_in_one_line(tmp_path
     out = tmp_path / "measurement.json"
     argv = ["measure", "--device", "cuda:0", *TINY_DECODER, "--output", str(out)]
     result = launch(f"""
-        import launcher
+        from pipeline.measuring import launcher
         runner = launcher.Launcher()
         print(runner.mode)
         print(runner.start({argv!r}, script="decoder.py").wait())
@@ -311,7 +316,7 @@ def test_without_a_gpu_a_forked_decoder_measurement_refuses_in_one_line(tmp_path
 
 def test_a_forked_child_runs_own_model_main_as_forked(monkeypatch):
     """An own-model file's environment record says how its process started, as the others."""
-    import own_model
+    from pipeline.measuring import own_model
 
     calls = []
     monkeypatch.setattr(
@@ -334,7 +339,7 @@ def test_without_a_gpu_a_forked_own_model_measurement_refuses_in_one_line(tmp_pa
     workload = str(ROOT / "pipeline" / "workloads" / "resnet_cnn.py") + ":resnet"
     argv = ["measure", "--device", "cuda:0", "--workload", workload, "--output", str(out)]
     result = launch(f"""
-        import launcher
+        from pipeline.measuring import launcher
         runner = launcher.Launcher()
         print(runner.mode)
         print(runner.start({argv!r}, script="own_model.py").wait())

@@ -6,13 +6,14 @@ import stat
 import subprocess
 import sys
 
-import merge
 import pytest
 import runfixtures
-import validate
-from conftest import PIPELINE, run_script
+from conftest import run_script
 from hypothesis import given
 from hypothesis import strategies as st
+
+from pipeline.artefacts import validate
+from pipeline.stages import merge
 
 FIXTURES = ("small", "large", "bf16", "oom")
 
@@ -143,17 +144,17 @@ def test_a_copy_with_its_quality_columns_filled_wins(tmp_path):
         tmp_path / "machine.csv", [empty, runfixtures.make_row(2, protocol=protocol)]
     )
     sheet = write_log(tmp_path / "sheet.csv", [judged])
-    script = str(repo / "pipeline" / "merge.py")
+    command, where = runfixtures.in_repo(repo, "pipeline.stages.merge")
     out = tmp_path / "team.csv"
     for order in ([machine, sheet], [sheet, machine]):
         out.unlink(missing_ok=True)
-        argv = [sys.executable, script, *map(str, order), "--output", str(out)]
-        result = subprocess.run(argv, capture_output=True, text=True)
+        argv = [*command, *map(str, order), "--output", str(out)]
+        result = subprocess.run(argv, capture_output=True, text=True, **where)
         assert result.returncode == 0, result.stderr
         assert logged(out)[0] == judged
     other = write_log(tmp_path / "other.csv", [judged | {"accepted_results": "39"}])
-    argv = [sys.executable, script, str(sheet), str(other), "--output", str(tmp_path / "x.csv")]
-    result = subprocess.run(argv, capture_output=True, text=True)
+    argv = [*command, str(sheet), str(other), "--output", str(tmp_path / "x.csv")]
+    result = subprocess.run(argv, capture_output=True, text=True, **where)
     assert result.returncode == 1
     assert "differs from" in result.stderr
 
@@ -213,7 +214,7 @@ def test_one_measurement_under_two_run_ids_is_a_conflict(tmp_path):
 def test_the_merged_log_follows_the_umask(tmp_path, umask):
     a = write_log(tmp_path / "a.csv", rows(1, 2))
     out = tmp_path / "team.csv"
-    argv = [sys.executable, str(PIPELINE / "merge.py"), str(a), "--output", str(out)]
+    argv = [sys.executable, "-m", "pipeline.stages.merge", str(a), "--output", str(out)]
     result = subprocess.run(argv, capture_output=True, text=True, umask=umask)
     assert result.returncode == 0, result.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask

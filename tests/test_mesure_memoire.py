@@ -14,12 +14,13 @@ import socket
 import sys
 from decimal import Decimal
 
-import mesure_memoire as mm
 import pytest
-import validate
 from conftest import PIPELINE, run_script
 from hypothesis import given
 from hypothesis import strategies as st
+
+from pipeline import mesure_memoire as mm
+from pipeline.artefacts import validate
 
 REGISTRY = validate.load_registry()
 HAS_TORCH = importlib.util.find_spec("torch") is not None

@@ -11,11 +11,12 @@ import subprocess
 import sys
 import types
 
-import make_notebook
 import nbformat
 import pytest
-import validate
 from conftest import PIPELINE, ROOT, run_script
+
+from pipeline.artefacts import validate
+from pipeline.kit import make_notebook
 
 NOTEBOOK = ROOT / "data" / "mesure-memoire.ipynb"
 RUNNER = ROOT / "tests" / "benchmarks" / "run_notebook.py"
@@ -37,7 +38,7 @@ def code(notebook: dict) -> list[str]:
 
 
 def test_the_committed_notebook_is_the_script_regenerated():
-    """One source: after changing mesure_memoire.py, run python pipeline/make_notebook.py."""
+    """One source: after changing mesure_memoire.py, run python -m pipeline.kit.make_notebook."""
     assert make_notebook.render(ROOT) == NOTEBOOK.read_bytes()
 
 

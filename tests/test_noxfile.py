@@ -57,7 +57,10 @@ def user_python(folder: Path) -> Path:
 
 def echo_python(folder: Path) -> Path:
     """A python3 that prints each argument on its own line and exits with $STAGE_EXIT."""
-    text = '#!/bin/sh\nfor arg in "$@"; do echo "arg: $arg"; done\nexit "${STAGE_EXIT:-0}"\n'
+    text = (
+        '#!/bin/sh\necho "pythonpath: $PYTHONPATH"\nfor arg in "$@"; do echo "arg: $arg"; done\n'
+        'exit "${STAGE_EXIT:-0}"\n'
+    )
     return executable(folder / "python3", text)
 
 
@@ -258,19 +261,26 @@ def test_a_bad_argument_exits_2_with_the_stages_own_line(repo, tmp_path):
 def test_the_runs_directory_is_passed_on_to_measure_and_sweep(repo, tmp_path):
     stand_in = echo_python(tmp_path / "bin")
     somewhere = tmp_path / "elsewhere"
-    for session, script in (("measure", "chain.py"), ("sweep", "sweep.py")):
+    for session, module in (
+        ("measure", "pipeline.stages.chain"),
+        ("sweep", "pipeline.stages.sweep"),
+    ):
         args = ["-s", session, "--", "--device", "cuda:0"]
         env = {"ITERAGPU_RUNS_DIR": str(somewhere)}
         result = nox(repo, *args, path=[stand_in.parent], env=env)
         assert result.returncode == 0, result.stderr
         lines = [line for line in result.stdout.splitlines() if line.startswith("arg: ")]
         assert lines == [
-            f"arg: {repo / 'pipeline' / script}",
+            "arg: -m",
+            f"arg: {module}",
             "arg: --runs-dir",
             f"arg: {somewhere}",
             "arg: --device",
             "arg: cuda:0",
         ]
+        # the stage finds the package from the repository root, wherever nox was started
+        [pythonpath] = [line for line in result.stdout.splitlines() if line.startswith("pyth")]
+        assert pythonpath.split(" ", 1)[1].split(os.pathsep)[0] == str(repo)
         result = nox(repo, *args, path=[stand_in.parent])
         assert "arg: --runs-dir" not in result.stdout
 

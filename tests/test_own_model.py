@@ -16,15 +16,16 @@ import io
 import itertools
 import json
 
-import mesure_memoire
-import own_model
 import pytest
 import runfixtures
-import trace_prediction as tp
-import validate
 from conftest import PIPELINE, RUNS, run_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from pipeline import mesure_memoire
+from pipeline.artefacts import validate
+from pipeline.measuring import own_model
+from pipeline.predicting import trace_prediction as tp
 
 torch = pytest.importorskip("torch")
 REGISTRY = validate.load_registry()
@@ -1149,7 +1150,7 @@ def test_a_failing_trace_leaves_the_measurement_standing(capsys, tmp_path, monke
 def test_validate_applies_the_own_model_facts(capsys, tmp_path):
     """`validate` checks an own-model file's facts, not its schema alone: a tampered file the
     schema accepts is invalid there too."""
-    import validate
+    from pipeline.artefacts import validate
 
     path = workload(tmp_path, MLP_ADAMW)
     code, output = measure(tmp_path, f"{path}:mlp")

@@ -9,10 +9,11 @@ import hashlib
 import json
 
 import pytest
-import record
 import runfixtures
-import validate
 from conftest import run_script
+
+from pipeline.artefacts import validate
+from pipeline.stages import record
 
 pytest.importorskip("torch")
 REGISTRY = validate.load_registry()

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 import runfixtures
-import sweep
-import validate
 from conftest import ROOT, run_script
+
+from pipeline.artefacts import validate
+from pipeline.stages import sweep
 
 REGISTRY = validate.load_registry()
 FULL_AT = 16  # the stand-in GPU "runs out of memory" at this batch
 WORKLOAD = f"""import torch
-from own_model import Workload
+from pipeline.measuring.own_model import Workload
 
 
 def mlp(config, *, width=8, depth=2):
@@ -57,7 +58,7 @@ class InProcess:
         self.started: list[tuple[str, list[str]]] = []
 
     def start(self, argv, after=None, script="mesure_memoire.py"):
-        import own_model
+        from pipeline.measuring import own_model
 
         self.started.append((script, list(argv)))
         with redirect_stdout(StringIO()):
@@ -204,8 +205,7 @@ def test_an_example_swept_on_the_gpu_runs_to_out_of_memory_predicted_at_every_po
 
 
 def test_fit_and_report_answer_for_an_own_model_sweep(workload, runs, tmp_path):
-    import fit
-    import report
+    from pipeline.stages import fit, report
 
     argv = ["--workload", f"{workload}:mlp", "--vary", "batch", "--start", "2", "--factor", "2"]
     assert own_sweep(runs, [*argv, "--until-oom"])[0] == 0

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 
-import mesure_memoire as mm
 import pytest
 from conftest import RUNS, run_script
 from hypothesis import given
 from hypothesis import strategies as st
+
+from pipeline import mesure_memoire as mm
 
 MIB = 2**20
 

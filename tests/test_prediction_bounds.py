@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 
-import gpu_calibration
-import own_model
 import pytest
-import trace_prediction as tp
-import validate
 from conftest import RUNS
+
+from pipeline.artefacts import validate
+from pipeline.measuring import own_model
+from pipeline.predicting import gpu_calibration
+from pipeline.predicting import trace_prediction as tp
 
 PROBES = RUNS / "20261203T212500Z-h200-probes"
 MIB = 2**20

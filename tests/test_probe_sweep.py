@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
-import gpu_calibration
-import probe_sweep
 import pytest
 import torch
 from conftest import run_script
+
+from pipeline.measuring import probe_sweep
+from pipeline.predicting import gpu_calibration
 
 BMM = (
     "import torch\nfrom own_model import Workload\n\n"

@@ -9,13 +9,14 @@ import json
 import shutil
 from pathlib import Path
 
-import decoder
-import fit
 import pytest
-import validate
 from conftest import ROOT, RUNS, run_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from pipeline.artefacts import validate
+from pipeline.measuring import decoder
+from pipeline.stages import fit
 
 LARGE_RUN = "20261202T112323Z-50900d"  # a kit run on the H200 (environment in its measurement)
 OWN_RUN = RUNS / "20261203T131050Z-own-model-chain" / "20261203T131050Z-74623e"

@@ -17,12 +17,13 @@ import time
 from fractions import Fraction
 
 import pytest
-import record
 import runfixtures
-import validate
-from conftest import PIPELINE, run_script
+from conftest import run_script
 from hypothesis import given
 from hypothesis import strategies as st
+
+from pipeline.artefacts import validate
+from pipeline.stages import record
 
 REGISTRY = validate.load_registry()
 H200 = runfixtures.H200
@@ -388,11 +389,12 @@ def test_quality_values_describe_one_run(tmp_path):
 def test_quality_values_under_a_decided_protocol_are_recorded_and_checked(tmp_path):
     repo = runfixtures.repo_copy(tmp_path)
     runs = repo / "runs"
-    script = str(repo / "pipeline" / "record.py")
+    command, where = runfixtures.in_repo(repo, "pipeline.stages.record")
     good = subprocess.run(
-        [sys.executable, script, str(runfixtures.make_run(runs, 1)), *QUALITY],
+        [*command, str(runfixtures.make_run(runs, 1)), *QUALITY],
         capture_output=True,
         text=True,
+        **where,
     )
     assert good.returncode == 0, good.stderr
     [row] = rows_of(runs / "resultats-bruts.csv")
@@ -406,9 +408,10 @@ def test_quality_values_under_a_decided_protocol_are_recorded_and_checked(tmp_pa
     )
     wrong = [*QUALITY[:4], "--threshold-met", "no"]  # 388/400 = 0.97 >= 0.95
     bad = subprocess.run(
-        [sys.executable, script, str(runfixtures.make_run(runs, 2)), *wrong],
+        [*command, str(runfixtures.make_run(runs, 2)), *wrong],
         capture_output=True,
         text=True,
+        **where,
     )
     assert bad.returncode == 2
     assert "$.threshold_met: 'no', but 388 accepted out of 400 meets" in bad.stderr
@@ -430,8 +433,9 @@ def appender(log, ids: list[str], forever: str = "") -> str:
     start appending at once."""
     return f"""
 import hashlib, json, sys, time
-sys.path[:0] = [{str(PIPELINE)!r}]
-import cli, record, validate
+from pipeline.artefacts import validate
+from pipeline.core import cli
+from pipeline.stages import record
 from pathlib import Path
 data = Path({str(H200 / "small.json")!r}).read_bytes()
 protocol, registry = validate.Protocol(), validate.load_registry()
@@ -519,12 +523,11 @@ def test_a_process_killed_while_creating_the_log_leaves_no_file(tmp_path):
     folder = runfixtures.make_run(runs, 1)
     program = f"""
 import os, sys, time
-sys.path[:0] = [{str(PIPELINE)!r}]
 def stalled_fsync(fd):
     print("written, not yet linked", flush=True)
     time.sleep(600)
 os.fsync = stalled_fsync
-import record
+from pipeline.stages import record
 record.main([{str(folder)!r}])
 """
     worker = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
@@ -541,9 +544,11 @@ record.main([{str(folder)!r}])
 def test_a_new_log_follows_the_umask(tmp_path, umask):
     """One rule for every new file: mode 0666 less the umask, as pictures and the zip."""
     folder = runfixtures.make_run(tmp_path / "runs", 1)
-    script = str(PIPELINE / "record.py")
     result = subprocess.run(
-        [sys.executable, script, str(folder)], capture_output=True, text=True, umask=umask
+        [sys.executable, "-m", "pipeline.stages.record", str(folder)],
+        capture_output=True,
+        text=True,
+        umask=umask,
     )
     assert result.returncode == 0, result.stderr
     log = tmp_path / "runs" / "resultats-bruts.csv"

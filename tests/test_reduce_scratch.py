@@ -15,13 +15,14 @@ import json
 import math
 import random
 
-import call_keys
-import gpu_calibration
 import pytest
-import reduce_scratch as rs
 from conftest import ROOT, RUNS
 from hypothesis import given
 from hypothesis import strategies as st
+
+from pipeline.core import call_keys
+from pipeline.predicting import gpu_calibration
+from pipeline.predicting import reduce_scratch as rs
 
 PROBE_DOCUMENTS = sorted(RUNS.glob("2026120*-h200-probe*/probes/*.json"))
 CALIBRATION = ROOT / "calibrations" / "nvidia-h200-torch-2.11.0+cu130.json"

@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import run_folders
-from conftest import PIPELINE, RUNS, run_script
+from conftest import RUNS, run_script
+
+from pipeline.core import run_folders
 
 matplotlib = pytest.importorskip("matplotlib")
-import cli  # noqa: E402
-import fit  # noqa: E402
-import report  # noqa: E402
-import validate  # noqa: E402
+from pipeline.artefacts import validate  # noqa: E402
+from pipeline.core import cli  # noqa: E402
+from pipeline.stages import fit, report  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 LARGE_RUN = "20261202T112323Z-50900d"
@@ -219,9 +219,7 @@ def test_a_name_taken_while_writing_leaves_none_of_this_calls_files(tmp_path):
 def test_help_and_usage_errors_need_no_matplotlib(tmp_path):
     """The picture library is imported when a picture is drawn, not before."""
     block = "import sys; sys.modules['matplotlib'] = None; sys.argv[0] = 'report.py'; "
-    run_main = (
-        f"sys.path.insert(0, {str(PIPELINE)!r}); import report; raise SystemExit(report.main())"
-    )
+    run_main = "from pipeline.stages import report; raise SystemExit(report.main())"
     helped = run_script_code(block + run_main, "--help")
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith("usage: report.py ")

@@ -11,10 +11,11 @@ import itertools
 import json
 
 import pytest
-import segment_order as so
 from conftest import RUNS
 from hypothesis import given
 from hypothesis import strategies as st
+
+from pipeline.predicting import segment_order as so
 
 MiB = so.MiB
 ADDRESSES = RUNS / "20261204T121000Z-h200-segment-addresses"

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 
-import gpu_calibration as gc
 import pytest
-import trace_prediction as tp
+
+from pipeline.predicting import gpu_calibration as gc
+from pipeline.predicting import trace_prediction as tp
 
 torch = pytest.importorskip("torch")
 aten = torch.ops.aten

@@ -12,13 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mesure_memoire
 import pytest
-import sweep
-import validate
 from conftest import ROOT, RUNS, cuda_available, run_script
 from hypothesis import given
 from hypothesis import strategies as st
+
+from pipeline import mesure_memoire
+from pipeline.artefacts import validate
+from pipeline.stages import sweep
 
 PLANS = sorted((ROOT / "data" / "plans").glob("*.yaml"))
 BENCH_SWEEP = ROOT / "tests" / "benchmarks" / "bench_sweep.py"
@@ -213,7 +214,7 @@ class Replay:
         }
         self.children, self.argvs, self.interrupt_at = [], [], interrupt_at
 
-    def start(self, argv, after=None, script=sweep.launcher.SCRIPT.name):
+    def start(self, argv, after=None, script=sweep.launcher.SCRIPT):
         assert script == "mesure_memoire.py"  # the seed network's points run the kit script
         assert after is (self.children[-1] if self.children else None)
         if after is not None:

@@ -6,7 +6,8 @@ calibration."""
 from __future__ import annotations
 
 import pytest
-import trace_prediction as tp
+
+from pipeline.predicting import trace_prediction as tp
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -7,11 +7,12 @@ from __future__ import annotations
 import collections
 import itertools
 
-import mesure_memoire as mm
 import pytest
-import trace_prediction as tp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from pipeline import mesure_memoire as mm
+from pipeline.predicting import trace_prediction as tp
 
 torch = pytest.importorskip("torch")
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402

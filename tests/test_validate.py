@@ -15,11 +15,12 @@ from fractions import Fraction
 
 import pytest
 import runfixtures
-import validate
 from conftest import PIPELINE, RUNS, SCHEMAS, run_script
 from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
+
+from pipeline.artefacts import validate
 
 REGISTRY = validate.load_registry()
 H200 = runfixtures.H200
@@ -639,7 +640,8 @@ def test_help_says_what_validate_does_in_a_whole_sentence():
     "path",
     [
         *sorted(SCHEMAS.glob("*.schema.json")),
-        *(PIPELINE / f"{n}.py" for n in ("validate", "record", "merge")),
+        PIPELINE / "artefacts" / "validate.py",
+        *(PIPELINE / "stages" / f"{n}.py" for n in ("record", "merge")),
     ],
     ids=lambda p: p.name,
 )

@@ -20,11 +20,11 @@ import zipfile
 import zlib
 from pathlib import Path
 
-import archive
 import pytest
-import verify
-from conftest import PIPELINE, ROOT
+from conftest import ROOT
 from kit_tree import build, make_tree, members_of, write_zip
+
+from pipeline.kit import archive, verify
 
 FOLDER = "iteragpu-lab-v1/"
 
@@ -103,7 +103,8 @@ def test_a_run_as_its_own_process(kit):
     result = subprocess.run(
         [
             sys.executable,
-            str(PIPELINE / "verify.py"),
+            "-m",
+            "pipeline.kit.verify",
             "--manifest",
             str(kit["manifest"]),
             kit["zip"],

@@ -1,4 +1,4 @@
-"""The registry of workload kinds (pipeline/workload_kinds.py) is whole: every kind the stages
+"""The registry of workload kinds (pipeline/core/workload_kinds.py) is whole: every kind the stages
 meet has an entry, every table of per-kind code has every kind, what the registry says agrees
 with the kinds' own modules and with the evidence under runs/, and no stage goes back to an
 if chain on a kind's name."""
@@ -10,20 +10,14 @@ import json
 import re
 from pathlib import Path
 
-import chain
-import decoder
-import decoder_rules
-import fit
-import launcher
-import own_model
-import own_model_facts
 import pytest
-import record
-import report
-import sweep
-import validate
-import workload_kinds
-from workload_kinds import Kind
+
+from pipeline.artefacts import validate
+from pipeline.core import workload_kinds
+from pipeline.core.workload_kinds import Kind
+from pipeline.measuring import decoder, launcher, own_model
+from pipeline.stages import chain, fit, record, report, sweep
+from pipeline.workloads import decoder_rules, own_model_facts
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = ROOT / "pipeline"
@@ -52,10 +46,11 @@ def test_the_registry_agrees_with_the_kinds_own_modules():
     assert workload_kinds.OWN.schemas == (own_model_facts.SCHEMA,)
     assert workload_kinds.DECODER.script == decoder.TOOL["name"]
     assert workload_kinds.OWN.script == own_model.TOOL["name"]
-    assert workload_kinds.NETWORK.script == launcher.SCRIPT.name
+    assert workload_kinds.NETWORK.script == launcher.SCRIPT
     assert tuple(entry.script for entry in workload_kinds.KINDS) == launcher.SCRIPTS
     for entry in workload_kinds.KINDS:
-        assert (PIPELINE / entry.script).is_file()
+        module = ROOT.joinpath(*entry.module.split(".")).with_suffix(".py")
+        assert module.name == entry.script
         schema = json.loads((ROOT / "schemas" / entry.schema_file).read_text(encoding="utf-8"))
         assert schema["properties"]["schema"]["const"] == entry.schemas[-1]
 
@@ -171,7 +166,7 @@ def kind_comparisons(source: str) -> list[tuple[int, str]]:
 def test_no_stage_compares_a_workload_with_a_kinds_name():
     offenders = {
         path.name: kind_comparisons(path.read_text(encoding="utf-8"))
-        for path in sorted(PIPELINE.glob("*.py"))
+        for path in sorted(PIPELINE.rglob("*.py"))
         if path.stem not in OWN_MODULES
     }
     assert {name: found for name, found in offenders.items() if found} == {}
@@ -200,7 +195,7 @@ def test_no_stage_writes_a_kinds_log_name_or_schema_of_its_own():
         schema for e in workload_kinds.KINDS for schema in e.schemas
     }
     allowed = OWN_MODULES | {"run_folders"}  # run_folders: the kit's log, beside the runs
-    for path in sorted(PIPELINE.glob("*.py")):
+    for path in sorted(PIPELINE.rglob("*.py")):
         if path.stem in allowed:
             continue
         text = path.read_text(encoding="utf-8")
@@ -209,7 +204,7 @@ def test_no_stage_writes_a_kinds_log_name_or_schema_of_its_own():
 
 def test_the_registry_sits_below_every_stage():
     """Standard library only: validate.py and every stage import it, it imports none."""
-    tree = ast.parse((PIPELINE / "workload_kinds.py").read_text(encoding="utf-8"))
+    tree = ast.parse((PIPELINE / "core" / "workload_kinds.py").read_text(encoding="utf-8"))
     imported = {
         alias.name.split(".")[0]
         for node in ast.walk(tree)

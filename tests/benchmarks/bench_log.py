@@ -25,19 +25,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINE = ROOT / "pipeline"
-sys.path.insert(0, str(PIPELINE))
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 
-import record  # noqa: E402
-import validate  # noqa: E402
+from pipeline.artefacts import validate  # noqa: E402
+from pipeline.stages import record  # noqa: E402
 
 COMMITTED_LOG = ROOT / "runs" / "resultats-bruts.csv"
 # Run in the child: the stage's work, timed from inside, and the child's own peak memory.
 DRIVER = """
 import json, resource, sys, time
-sys.path.insert(0, {pipeline!r})
+sys.path.insert(0, {root!r})
 {block}
-import record, validate, merge
+from pipeline.artefacts import validate
+from pipeline.stages import merge, record
 started = time.perf_counter()
 if {stage!r} == "append":
     import json as j
@@ -92,7 +92,7 @@ def run_folder(runs: Path) -> Path:
 def stage(name: str, argv: list[str], *, without_fast: bool = False) -> dict:
     """Run one stage in a fresh interpreter; its figures, and the whole process's wall time."""
     block = "sys.modules['fastjsonschema'] = None" if without_fast else ""
-    program = DRIVER.format(pipeline=str(PIPELINE), block=block, stage=name, argv=argv)
+    program = DRIVER.format(root=str(ROOT), block=block, stage=name, argv=argv)
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     wall = time.perf_counter() - started

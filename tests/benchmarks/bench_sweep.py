@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
 import gpu_guard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +37,7 @@ class Failed(Exception):
 
 
 def one_sweep(pipeline: Path, device: str, points: int, fork: bool) -> tuple[float, list[float]]:
-    """Run pipeline/sweep.py once in a scratch runs directory: its wall time, and each
+    """Run pipeline/stages/sweep.py once in a scratch runs directory: its wall time, and each
     point's seconds but the first."""
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as scratch:
         argv = [sys.executable, str(pipeline / "sweep.py"), "--device", device]

@@ -18,14 +18,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
-sys.path.insert(0, str(PIPELINE))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 
-import cli  # noqa: E402
-import run_folders  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
 import gpu_guard  # noqa: E402
+
+from pipeline.core import (  # noqa: E402
+    cli,
+    run_folders,
+)
 
 SCHEMA = "urn:iteragpu-lab:schema:context-room:v1"
 # (batch, context, width, dtype): small to about 100 GiB reserved, the three dtypes.
@@ -40,8 +41,9 @@ CONFIGURATIONS = [
 ]
 CHILD = """
 import json, sys
-sys.path.insert(0, {pipeline!r})
-import torch, mesure_memoire as mm
+sys.path.insert(0, {root!r})
+import torch
+from pipeline import mesure_memoire as mm
 index = {index}
 device = torch.device("cuda", index)
 torch.cuda.set_device(device)
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         points = []
         for batch, context, width, dtype in CONFIGURATIONS:
             code = CHILD.format(
-                pipeline=str(PIPELINE),
+                root=str(ROOT),
                 index=index,
                 batch=batch,
                 context=context,

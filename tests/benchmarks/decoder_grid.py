@@ -33,11 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DECODER = ROOT / "pipeline" / "decoder.py"
-sys.path.insert(0, str(ROOT / "pipeline"))
-import decoder  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 import gpu_guard  # noqa: E402
+
+from pipeline.measuring import decoder  # noqa: E402
 
 # name: (layers, width, heads, kv_heads, head_dim, ffn, vocab, flags, batch, prompt, new, row)
 SHAPES = {

@@ -40,11 +40,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "pipeline"))
-import decoder  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 import gpu_guard  # noqa: E402
+
+from pipeline.measuring import decoder  # noqa: E402
 
 BLOCK = 512  # the GPU trace is compared in allocator blocks
 DTYPES = ("bfloat16", "float16", "float32")
@@ -97,8 +96,9 @@ def frame_of(frames: list[dict]) -> str:
 
 
 def child(name: str, dtype: str, device_text: str, output: Path, calibration) -> None:
-    import mesure_memoire
     import torch
+
+    from pipeline import mesure_memoire
 
     shape, run = run_of(name, dtype)
     index = mesure_memoire.device_index(device_text)
@@ -112,7 +112,7 @@ def child(name: str, dtype: str, device_text: str, output: Path, calibration) ->
     state = decoder.measure_rows(torch, shape, run, 0, device, rows)
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    import decoder_model
+    from pipeline.workloads import decoder_model
 
     with torch.inference_mode():
         backends = decoder_model.attention_backends(shape, state, run["batch"])

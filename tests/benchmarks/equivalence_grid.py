@@ -5,7 +5,7 @@
 
 Every configuration of the reference folder (its measurement files: 12 shapes x 3 dtypes,
 warm-up 2, repeats 5, --reference-timing) is measured twice: in children forked by
-pipeline/launcher.py one after another, each started as the previous one exits, as in a
+pipeline/measuring/launcher.py one after another, each started as the previous one exits, as in a
 sweep (OUTPUT_DIR/<name>.json); then in fresh interpreters, --parallel at a time
 (OUTPUT_DIR/fresh/<name>.json). OUTPUT_DIR/comparison.json says, per configuration, whether
 the allocator counters of every phase are identical, and whether the forked ones equal the
@@ -22,13 +22,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "pipeline"))
-import cli  # noqa: E402
-import launcher  # noqa: E402
-import mesure_memoire  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 import gpu_guard  # noqa: E402
+
+from pipeline import mesure_memoire  # noqa: E402
+from pipeline.core import cli  # noqa: E402
+from pipeline.measuring import launcher  # noqa: E402
 
 REFERENCE = ROOT / "runs" / "20261202T131525Z-equivalence-grid"
 SCHEMA = "urn:iteragpu-lab:schema:equivalence-grid:v1"

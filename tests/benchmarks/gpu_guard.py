@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "pipeline"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 
-import mesure_memoire
+from pipeline import mesure_memoire  # noqa: E402
 
 # Counted in a child: this process never initialises CUDA (launcher.py forks from it).
 COUNT = (

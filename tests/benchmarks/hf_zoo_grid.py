@@ -23,8 +23,8 @@ beyond NAME, CONFIG and TASK.
   each, a point already measured skipped; a failed point is recorded (exit, last stderr
   line) in DIR/h200/measure-SELECTION.txt and the next one runs; no new point is started
   past --deadline-s. Exit 1 if a point of the selection is not measured.
-- summarise: DIR/summary.json (schemas/hf-zoo-grid.schema.json; pipeline/validate.py checks
-  its totals) and DIR/comparison.md, from DIR/points.txt, cpu/ and h200/. A point predicted
+- summarise: DIR/summary.json (schemas/hf-zoo-grid.schema.json; validate.py checks its
+  totals) and DIR/comparison.md, from DIR/points.txt, cpu/ and h200/. A point predicted
   and never run on the GPU (no measurement, and no line in a measure log or one saying it was
   not started) is `not_measured`; one that ran and left no completed measurement, or has no
   prediction, crashed.
@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -48,10 +49,12 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipeline"
 CONFIGS = ROOT / "tests" / "data" / "hf-configs"
-sys.path.insert(0, str(PIPELINE))
-import mesure_memoire  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
+# the commands it starts find it the same way (`python -m pipeline...`)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
+from pipeline import mesure_memoire  # noqa: E402
 
 SCHEMA = "urn:iteragpu-lab:schema:hf-zoo-grid:v1"
 COUNTERS = mesure_memoire.COUNTER_KEYS
@@ -145,7 +148,7 @@ def copy_points(points_file: Path, out: Path) -> None:
 
 
 def own_model(verb: str, point: Point, *extra: str) -> list[str]:
-    argv = [sys.executable, str(PIPELINE / "own_model.py"), verb]
+    argv = [sys.executable, "-m", "pipeline.measuring.own_model", verb]
     argv += ["--hf-config", str(config_path(point.config)), "--task", point.task]
     return argv + list(point.flags) + list(extra)
 

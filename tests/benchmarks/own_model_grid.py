@@ -3,7 +3,7 @@
     python3 tests/benchmarks/own_model_grid.py --device cuda:0 --output-dir DIR \\
         [--only grid,sweep,history] [--jobs 2] [--max-batch 1024]
 
-Every point is `pipeline/own_model.py measure` in a fresh interpreter, writing DIR/<name>.json:
+Every point is `own_model.py measure` in a fresh interpreter, writing DIR/<name>.json:
 
 - grid: each example at its small (test) size and at a larger one, in bfloat16 and float32
   (12 processes, --jobs at a time: each process's counters are its own);
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -32,11 +33,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipeline"
 WORKLOADS = PIPELINE / "workloads"
-sys.path.insert(0, str(PIPELINE))
-import mesure_memoire  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
+# the commands it starts find it the same way (`python -m pipeline...`)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 import gpu_guard  # noqa: E402
+
+from pipeline import mesure_memoire  # noqa: E402
 
 COUNTERS = mesure_memoire.COUNTER_KEYS
 EXAMPLES = {
@@ -72,7 +76,7 @@ SWEEP_DIMS = {
 def measure(name: str, example: str, dtype: str, batch: int, dims: dict, out: Path, *extra):
     """One fresh measuring process; returns its summary entry."""
     output = out / f"{name}.json"
-    argv = [sys.executable, str(PIPELINE / "own_model.py"), "measure"]
+    argv = [sys.executable, "-m", "pipeline.measuring.own_model", "measure"]
     argv += ["--workload", f"{WORKLOADS / EXAMPLES[example]}", "--device", ARGS.device]
     argv += ["--dtype", dtype, "--batch", str(batch), "--output", str(output), *extra]
     for key, value in dims.items():

@@ -3,8 +3,8 @@
     python3 tests/benchmarks/prediction_grid.py --device cuda:0 --output-dir DIR [--fresh N]
         [--configurations N]
 
-Every point is its own process (forked by pipeline/launcher.py, each started as the previous
-one exits, as in a sweep) writing DIR/<name>.json with `--reference-timing`. With `--fresh
+Every point is its own process (forked by the launcher, each started as the previous one
+exits, as in a sweep) writing DIR/<name>.json with `--reference-timing`. With `--fresh
 N`, the first N configurations of each dtype are measured a second time in fresh
 interpreters (DIR/fresh/), and their counters compared with the forked ones byte for byte.
 Prints one line per point and a summary; exit 1 if a forked and a fresh counter differ. Not
@@ -22,12 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
-sys.path.insert(0, str(PIPELINE))
-import launcher  # noqa: E402
-import mesure_memoire  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_guard, beside this file
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 import gpu_guard  # noqa: E402
+
+from pipeline import mesure_memoire  # noqa: E402
+from pipeline.measuring import launcher  # noqa: E402
 
 COUNTERS = mesure_memoire.COUNTER_KEYS
 # (batch, context, width): the default and the larger proposed one, odd widths, width 1,

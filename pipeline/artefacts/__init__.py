@@ -1,0 +1,1 @@
+"""Every artefact's schema and facts, checked in one place (validate.py)."""

@@ -1,0 +1,67 @@
+"""What every pipeline script shares on its command line: one-line errors, exit codes, new files.
+
+A usage error is one line on stderr and exit 2, with nothing written. `UsageError` and
+`write_new` are those of arguments.py and writers.py, so that there is one of each; the kit
+script `mesure_memoire.py` ships alone with its own copy of them (make_kit_script.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.core import arguments, writers
+
+OK, INVALID, USAGE, OUT_OF_MEMORY, INTERRUPTED = 0, 1, 2, 3, 130
+
+UsageError = arguments.UsageError
+write_new = writers.write_new
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line, without the usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def run(prog: str, body: Callable[[], int], interrupted: str = "every file written is whole"):
+    """Call body(); a UsageError or OSError becomes one line and exit 2, Ctrl-C exit 130; a
+    reader that stopped early (`| head`) ends it quietly, exit 1."""
+    try:
+        return body()
+    except BrokenPipeError:  # `| head` stopped reading: Python's documented way to stay quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return INVALID
+    except (UsageError, OSError) as exc:
+        print(f"{prog}: error: {os_message(exc)}", file=sys.stderr)
+        return USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted: {interrupted}", file=sys.stderr)
+        return INTERRUPTED
+
+
+def os_message(exc: Exception) -> str:
+    """An error in a user's words: `PATH: no such file or directory`, not `[Errno 2] ...`."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror[0].lower()}{exc.strerror[1:]}"
+    return str(exc)
+
+
+def device(text: str) -> str:
+    """A GPU device as `measure` takes it (`cuda` or `cuda:N`), checked before any work."""
+    try:
+        arguments.device_index(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"argument --device: {exc}") from None
+    return text
+
+
+def existing_folder(path: Path) -> Path:
+    """A folder that must exist already (runs directories are never created implicitly)."""
+    if not path.is_dir():
+        raise UsageError(f"{path} is not an existing folder")
+    return path

@@ -1,0 +1,1 @@
+"""The kit: its script generated from the package, its notebook, its archive and verification."""

@@ -1,0 +1,1 @@
+"""The commands that estimate and measure one workload, each measurement in a fresh process."""

@@ -1,0 +1,1013 @@
+"""Your own PyTorch model under the lab's protocol: measured on a GPU, predicted without one.
+
+    python3 -m pipeline.measuring.own_model measure --workload FILE.py:FUNCTION --device cuda:0 \\
+        --dtype bfloat16 --batch 8 [--dim NAME=VALUE ...] [--warmup 1 --repeats 2] \\
+        --output m.json [--environment-output env.json]
+    python3 -m pipeline.measuring.own_model estimate --workload FILE.py:FUNCTION --dtype bfloat16 \\
+        --batch 8 [--dim NAME=VALUE ...] [--calibration m.json] [--json]
+    python3 -m pipeline.measuring.own_model estimate|measure --hf-config config.json \\
+        --task inference|generate|training|lora [--new-tokens N] [--lora-rank R] \\
+        [--gradient-checkpointing] --dim sequence=2048 ...   (hf_model.py: a Hugging Face model)
+
+The workload file defines FUNCTION(config, *, name=default, ...): `config` has `device`,
+`dtype`, `batch` and `seed`; the keyword-only parameters with integer defaults are the
+workload's own dimensions (`--dim name=value`). It returns a `Workload` (workload_contract.py,
+re-exported here). `measure` runs it in this fresh process phase by phase (synchronise,
+baseline, peak reset, run, synchronise, end values: phase_protocol.run_phase), after tracing
+it once on fake tensors to predict every counter (trace_prediction.py); `estimate` prints
+that prediction, no GPU.
+
+Exit codes: 0 done; 1 the workload's own code raised (its traceback on stderr; `measure`
+writes the run with status "failed" and the exception's type, never a measurement); 2 bad
+input, a broken contract (sys.exit() in the workload among them) or a missing prerequisite,
+nothing written; 3 the GPU ran out of memory (the file is written, status "out_of_memory").
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import gc
+import hashlib
+import importlib.util
+import inspect
+import itertools
+import json
+import pickle
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from pipeline.core import (
+    allocator_model,
+    arguments,
+    cli,
+    environment_capture,
+    phase_protocol,
+    torch_private,
+    writers,
+)
+from pipeline.core.workload_contract import Configuration, Workload, WorkloadFile
+from pipeline.predicting import gpu_calibration, trace_prediction
+from pipeline.workloads import seed_network
+from pipeline.workloads.own_model_facts import (  # noqa: F401 (own_model.document_facts, own_model.SCHEMA... stay)
+    SCHEMA,
+    bounds_facts,
+    bounds_held,
+    compare,
+    counter_facts,
+    document_facts,
+    prediction_peak_facts,
+    summarise,
+)
+
+TOOL = {"name": "own_model.py", "version": "1.0.0"}
+INFERENCE, STEP, TRAINING = "inference", "custom step", "training"
+DEFAULTS = {key: seed_network.CONFIGURATION_DEFAULTS[key] for key in ("batch", "warmup")}
+DEFAULTS.update(repeats=seed_network.CONFIGURATION_DEFAULTS["repeats"], dtype="float32")
+PHASE_SCOPES = {
+    "model_load": "the workload function: build the model, put it on the GPU (and make the "
+    "optimizer, which holds no state yet)",
+    "inputs": "make_inputs(): the inputs on the GPU",
+    "cold_step": "the first step: the model's forward under torch.inference_mode(), the "
+    "workload's own step, or for training the loss and loss.backward() (no optimizer step)",
+    "optimizer_state": "training only: the first optimizer.step(), which creates the "
+    "optimizer's state",
+    "warmup": "all warm-up steps together, one row (training: zero_grad, loss, backward, "
+    "optimizer.step)",
+    "warm_step": "one row per timed step after warm-up",
+}
+# The trace runs the whole protocol on fake tensors: the cold step, the warm-up steps and the
+# timed steps (a training workload's first optimizer step besides), each replayed through
+# the allocator model. Their count is known before anything runs, so a run past the budget
+# is refused up front (`estimate`, and `measure`, which traces first) rather than left tracing
+# for hours. What one step costs depends on the workload (the AdamW example's took 1 to 2 s
+# on a 2-core CPU): the default admits every committed run (at most 9 steps) and timing
+# statistics over dozens of repetitions.
+ESTIMATE_BUDGET = 64
+FAILED_NOTE = (
+    "the workload's own code raised an exception: this file records where, and is not a "
+    "measurement (never recorded, never compared with a prediction)"
+)
+
+
+# ---------------------------------------------------------------- the contract
+
+
+class UserCodeError(Exception):
+    """An exception raised by the workload's own code: theirs, shown with its traceback."""
+
+    def __init__(self, phase: str, repetition: int | None, original: BaseException):
+        super().__init__(f"{type(original).__name__} in {phase}")
+        self.phase, self.repetition, self.original = phase, repetition, original
+
+
+def workload_argument(text: str) -> tuple[Path, str]:
+    match = re.fullmatch(r"(.+):([A-Za-z_][A-Za-z0-9_]*)", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected FILE.py:FUNCTION, got {text!r}")
+    return Path(match.group(1)), match.group(2)
+
+
+def dimension_argument(text: str) -> tuple[str, int]:
+    match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)", text)
+    if not match or int(match.group(2)) == 0:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE with a positive integer VALUE, got {text!r}"
+        )
+    return match.group(1), int(match.group(2))
+
+
+def read_workload_file(path: Path, function: str) -> WorkloadFile:
+    """Checked before torch is imported: a file that is there, is Python, and defines the
+    function at its top level."""
+    if not path.exists():
+        raise cli.UsageError(f"--workload {path}: no such file")
+    if not path.is_file():
+        raise cli.UsageError(f"--workload {path}: not a file")
+    if path.suffix != ".py":
+        raise cli.UsageError(f"--workload {path}: not a Python file (.py)")
+    data = path.read_bytes()
+    try:
+        source = data.decode("utf-8")
+        tree = ast.parse(source, filename=path.name)
+    except UnicodeDecodeError:
+        raise cli.UsageError(f"--workload {path}: not Python (not UTF-8 text)") from None
+    except SyntaxError as exc:
+        raise cli.UsageError(
+            f"--workload {path}: not Python ({exc.msg} at line {exc.lineno})"
+        ) from None
+    except ValueError:  # null bytes
+        raise cli.UsageError(f"--workload {path}: not Python (null bytes)") from None
+    if function not in top_level_names(tree):
+        raise cli.UsageError(f"--workload {path}: no function {function} at its top level")
+    return WorkloadFile(path, function, source, hashlib.sha256(data).hexdigest())
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+_imports = itertools.count()
+
+
+def import_workload(file: WorkloadFile):
+    """A fresh module each time, from the very bytes that were hashed: the trace and the
+    measurement share no module-level state. Its exceptions are the user's."""
+    name = f"_iteragpu_workload_{next(_imports)}"
+    module = importlib.util.module_from_spec(
+        importlib.util.spec_from_loader(name, loader=None, origin=str(file.path))
+    )
+    module.__file__ = str(file.path)
+    sys.modules[name] = module  # dataclasses and pickle look classes up there
+    # A workload file says `from own_model import Workload`: this module, by that name.
+    sys.modules.setdefault("own_model", sys.modules[__name__])
+    try:
+        exec(compile(file.source, str(file.path), "exec"), module.__dict__)
+    except SystemExit as exc:
+        raise exited(f"--workload {file.path}", "import", exc) from None
+    except Exception as exc:
+        raise UserCodeError("import", None, exc) from exc
+    return module
+
+
+def exited(workload: str, phase: str, exc: SystemExit) -> cli.UsageError:
+    """sys.exit() in the workload's code is that code failing, never a result: without this
+    the harness would end with the workload's exit status (0 with nothing said)."""
+    return cli.UsageError(
+        f"{workload} called sys.exit({exc.code!r}) in {phase}: a workload returns, it never "
+        "ends the process"
+    )
+
+
+def workload_function(module, file: WorkloadFile) -> tuple[Callable, dict[str, int]]:
+    """The function and its declared dimensions (keyword-only parameters, integer defaults)."""
+    function = getattr(module, file.function, None)
+    if not callable(function):
+        raise cli.UsageError(f"--workload {file.path}: {file.function} is not a function")
+    shape = (
+        f"{file.function} must take the configuration as its only positional parameter and "
+        "its dimensions as keyword-only parameters with integer defaults"
+    )
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        raise cli.UsageError(shape) from None
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    declared = {}
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise cli.UsageError(shape)
+        if parameter.kind == parameter.KEYWORD_ONLY:
+            default = parameter.default
+            if isinstance(default, bool) or not isinstance(default, int) or default <= 0:
+                raise cli.UsageError(f"{shape}: {parameter.name} has no positive integer default")
+            declared[parameter.name] = default
+    if len(positional) != 1:
+        raise cli.UsageError(shape)
+    return function, declared
+
+
+def declared_dimensions(file: WorkloadFile) -> dict[str, int] | None:
+    """The function's keyword-only integer defaults, read from its source without running it;
+    None when the source does not state them plainly (imported, or computed defaults): the
+    measuring process, which imports the file, then checks them."""
+    for node in ast.parse(file.source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == file.function:
+            declared = {}
+            for arg, default in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True):
+                value = getattr(default, "value", None)
+                if type(value) is not int:
+                    return None
+                declared[arg.arg] = value
+            return declared
+    return None
+
+
+def resolve_dimensions(function: str, declared: dict, given: list[tuple[str, int]]) -> dict:
+    dims = dict(declared)
+    seen = set()
+    for name, value in given:
+        if name not in declared:
+            known = ", ".join(declared) or "none"
+            raise cli.UsageError(f"--dim {name}: {function} declares no such dimension ({known})")
+        if name in seen:
+            raise cli.UsageError(f"--dim {name}: given twice")
+        seen.add(name)
+        dims[name] = value
+    return dims
+
+
+# ---------------------------------------------------------------- checks of what the user gave
+
+
+def tensors_in(torch, value) -> list:
+    return [x for x in torch_private.tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
+
+
+def check_workload(torch, workload, device, function: str) -> str:
+    """The returned Workload, checked before anything runs on it; returns its kind."""
+    if not isinstance(workload, Workload):
+        raise cli.UsageError(
+            f"{function} returned {type(workload).__name__}, expected own_model.Workload"
+            "(model, make_inputs, step=None, optimizer=None)"
+        )
+    if not isinstance(workload.model, torch.nn.Module):
+        raise cli.UsageError(f"Workload.model is a {type(workload.model).__name__}, not a Module")
+    if not callable(workload.make_inputs):
+        raise cli.UsageError("Workload.make_inputs is not callable")
+    if workload.step is not None and not callable(workload.step):
+        raise cli.UsageError("Workload.step is not callable")
+    if workload.optimizer is not None:
+        if not isinstance(workload.optimizer, torch.optim.Optimizer):
+            name = type(workload.optimizer).__name__
+            raise cli.UsageError(f"Workload.optimizer is a {name}, not a torch.optim.Optimizer")
+        if workload.step is None:
+            raise cli.UsageError(
+                "a training workload (an optimizer given) needs step(model, inputs) "
+                "returning the loss"
+            )
+    named = itertools.chain(
+        (("parameter", n, t) for n, t in workload.model.named_parameters()),
+        (("buffer", n, t) for n, t in workload.model.named_buffers()),
+    )
+    for what, name, tensor in named:
+        if tensor.device != device:
+            raise cli.UsageError(
+                f"the model's {what} {name} is on {tensor.device}, not {device}: "
+                "move the model with .to(config.device)"
+            )
+    if workload.optimizer is not None:
+        return TRAINING
+    return INFERENCE if workload.step is None else STEP
+
+
+def check_inputs(torch, inputs, device) -> None:
+    """The contract's inputs only: anything else would fail later inside the user's model,
+    shown as their traceback when it is the contract that was broken."""
+    if not isinstance(inputs, (torch.Tensor, tuple, list, dict)):
+        raise cli.UsageError(
+            f"make_inputs() returned {type(inputs).__name__}: expected a tensor, a tuple or "
+            "list (the model's positional arguments) or a dict (its keyword arguments)"
+        )
+    for tensor in tensors_in(torch, inputs):
+        if tensor.device != device:
+            raise cli.UsageError(
+                f"make_inputs() returned a tensor on {tensor.device}, not {device}"
+            )
+
+
+def check_result(torch, result) -> None:
+    if not tensors_in(torch, result):
+        raise cli.UsageError(
+            f"the step returned {type(result).__name__}: a step must return what it computed "
+            "(a tensor, or a tuple, list or dict of tensors), which the harness frees after "
+            "each phase's end values"
+        )
+
+
+def check_loss(torch, loss) -> None:
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
+        got = type(loss).__name__
+        if isinstance(loss, torch.Tensor):
+            got = f"a tensor of {loss.numel()} element(s), requires_grad={loss.requires_grad}"
+        raise cli.UsageError(
+            "the step of a training workload must return the loss, one value that requires "
+            f"grad; it returned {got}"
+        )
+
+
+def counted(tensors) -> dict:
+    by_dtype: dict[str, dict] = {}
+    for tensor in tensors:
+        entry = by_dtype.setdefault(str(tensor.dtype).removeprefix("torch."), {"count": 0})
+        entry["count"] += tensor.numel()
+        entry["bytes"] = entry.get("bytes", 0) + tensor.numel() * tensor.element_size()
+    return {
+        "count": sum(e["count"] for e in by_dtype.values()),
+        "bytes": sum(e["bytes"] for e in by_dtype.values()),
+        "by_dtype": dict(sorted(by_dtype.items())),
+    }
+
+
+# ---------------------------------------------------------------- the phases
+
+
+def planned_phases(kind: str, repeats: int) -> list[str]:
+    first = ["cold_step", "optimizer_state"] if kind == TRAINING else ["cold_step"]
+    return ["model_load", "inputs", *first, "warmup", *["warm_step"] * repeats]
+
+
+def call_model(model, inputs):
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def step_plan(torch, workload: Workload, inputs, kind: str, warmup: int, repeats: int):
+    """(phase, repetition, passes, operation) after the model and the inputs. Each operation
+    returns its last step's result, so that it is alive for the end values; an earlier
+    step's result is freed before the next step starts."""
+    model, step, optimizer = workload.model, workload.step, workload.optimizer
+
+    def steps(count: int, first: bool = False):
+        def run():
+            result = None
+            for _ in range(count):
+                result = None
+                if kind == INFERENCE:
+                    with torch.inference_mode():
+                        result = call_model(model, inputs)
+                elif kind == STEP:
+                    result = step(model, inputs)
+                else:
+                    if not first:
+                        optimizer.zero_grad()
+                    result = step(model, inputs)
+                    check_loss(torch, result)
+                    result.backward()
+                    if not first:
+                        optimizer.step()
+                check_result(torch, result)
+            return result
+
+        return run
+
+    def first_optimizer_step():
+        optimizer.step()
+
+    plan = [("cold_step", None, 1, steps(1, first=True))]
+    if kind == TRAINING:
+        plan.append(("optimizer_state", None, 1, first_optimizer_step))
+    plan.append(("warmup", None, warmup, steps(warmup)))
+    plan += [("warm_step", i, 1, steps(1)) for i in range(1, repeats + 1)]
+    return plan
+
+
+def drive(torch, phase, function, name, config, dims, warmup, repeats, rows, facts, passthrough):
+    """Every phase in order, with `phase` (run_phase on the GPU, Tracer.phase in the trace);
+    each row appended as soon as it is read, what is known of the workload put in `facts`.
+    Exceptions from the user's code become UserCodeError, the others pass through."""
+
+    def user(operation, phase_name, repetition=None):
+        def run():
+            try:
+                return operation()
+            except (cli.UsageError, *passthrough):
+                raise
+            except SystemExit as exc:
+                raise exited(f"the workload {name}", phase_name, exc) from None
+            except Exception as exc:
+                raise UserCodeError(phase_name, repetition, exc) from exc
+
+        return run
+
+    row, workload = phase("model_load", user(lambda: function(config, **dims), "model_load"))
+    rows.append(row)
+    kind = check_workload(torch, workload, config.device, name)
+    facts["kind"] = kind
+    facts["optimizer"] = type(workload.optimizer).__name__ if workload.optimizer else None
+    facts["parameters"] = counted(workload.model.parameters())
+    facts["buffers"] = counted(workload.model.buffers())
+    row, inputs = phase("inputs", user(workload.make_inputs, "inputs"))
+    rows.append(row)
+    check_inputs(torch, inputs, config.device)
+    facts["inputs"] = [
+        {
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "bytes": t.numel() * t.element_size(),
+        }
+        for t in tensors_in(torch, inputs)
+    ]
+    for phase_name, repetition, count, operation in step_plan(
+        torch, workload, inputs, kind, warmup, repeats
+    ):
+        # [0]: the step's result, alive for the end values, is dropped before the next phase.
+        rows.append(
+            phase(phase_name, user(operation, phase_name, repetition), repetition, count)[0]
+        )
+
+
+# ---------------------------------------------------------------- trace and measurement
+
+
+@dataclasses.dataclass
+class Setting:
+    """The configuration of one run, as the command line gave it."""
+
+    file: WorkloadFile
+    dtype: str
+    batch: int
+    dims: dict
+    declared: dict
+    warmup: int
+    repeats: int
+    seed: int
+    given: list = dataclasses.field(default_factory=list)  # the --dim options
+
+
+def trace_workload(torch, setting: Setting, index: int, target=None, device=None):
+    """(Trace, facts, the user's exception or None): the protocol run once on fake tensors.
+    The module is imported again inside the trace, so its own tensors are fake too. target:
+    the GPU whose kernel choices a trace without a GPU makes (attention_choice.TargetGpu);
+    device="meta": trace as a machine without a GPU does, even on one (probe_sweep.py)."""
+    device = device or trace_prediction.trace_device(torch, index)
+    dtype = getattr(torch, setting.dtype)
+    config = Configuration(torch.device(device), dtype, setting.batch, setting.seed)
+    facts: dict = {}
+    failure: list = []
+    limits = (*torch_private.fake_tensor_limits(), trace_prediction.TraceStopped)
+
+    def run(phase) -> None:
+        try:
+            module = import_workload(setting.file)
+            function = getattr(module, setting.file.function)
+            torch.manual_seed(setting.seed)
+            drive(
+                torch, phase, function, setting.file.function, config, setting.dims,
+                setting.warmup, setting.repeats, [], facts, limits,
+            )  # fmt: skip
+        except UserCodeError as exc:
+            failure.append(exc)
+            raise trace_prediction.TraceStopped(
+                f"the workload's own code raised {type(exc.original).__name__} in "
+                f"{exc.phase} on fake tensors: the trace cannot follow it"
+            ) from None
+
+    try:
+        trace = trace_prediction.run_trace(torch, device, run, target=target)
+    except (cli.UsageError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the harness's own failure: said, and the measurement stands
+        traceback.print_exc()
+        trace = trace_prediction.Trace(device, trace_prediction.build_of(torch), torch.__version__)
+        trace.stopped = f"the trace itself failed ({type(exc).__name__}): not predicted"
+    return trace, facts, (failure[0] if failure else None)
+
+
+def configuration_record(setting: Setting, device: str) -> dict:
+    return {
+        "device": device,
+        "dtype": setting.dtype,
+        "batch": setting.batch,
+        "dims": setting.dims,
+        "warmup": setting.warmup,
+        "repeats": setting.repeats,
+        "seed": setting.seed,
+    }
+
+
+def workload_record(setting: Setting, facts: dict, rows: list[dict]) -> dict:
+    """What was run, never where it lives: the file's name and SHA-256, not its path."""
+    kind = facts.get("kind")
+    return {
+        "file": setting.file.path.name,
+        "sha256": setting.file.sha256,
+        "function": setting.file.function,
+        "dimensions": setting.dims,
+        "declared_defaults": setting.declared,
+        "kind": kind,
+        "optimizer": facts.get("optimizer"),
+        "parameters": facts.get("parameters"),
+        "buffers": facts.get("buffers"),
+        "inputs": facts.get("inputs"),
+        "phases_planned": planned_phases(kind, setting.repeats) if kind else None,
+        "phases_run": [row["phase"] for row in rows],
+    }
+
+
+def prediction_record(trace, prediction, calibration_source: str | None) -> dict:
+    rows = trace_prediction.prediction_rows(prediction)
+    record = {
+        "status": prediction.status,
+        "unknown": prediction.unknown,
+        "method": trace_prediction.METHOD,
+        "trace": {
+            "torch": trace.torch_version,
+            "build": trace.build,
+            "device": trace.device,
+            "operator_calls": trace.operator_calls,
+            "distinct_calls": len(trace.signatures),
+        },
+        "calibration": calibration_source,
+        "phases": rows,
+        "largest_peak_allocated_bytes": max(
+            (r["peak_allocated_bytes"] for r in rows), default=None
+        ),
+        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in rows), default=None),
+    }
+    if prediction.address_orders is not None:
+        record["address_orders"] = prediction.address_orders
+    if prediction.bounds is not None:
+        record["bounds"] = {
+            "method": trace_prediction.BOUNDS_METHOD,
+            "phases": [
+                {
+                    **{key: row[key] for key in ("phase", "repetition") if key in row},
+                    **{key: {"lower": low, "upper": high} for key, (low, high) in found.items()},
+                }
+                for row, found in zip(rows, prediction.bounds, strict=True)
+            ],
+        }
+    if prediction.unbounded is not None:
+        record["unbounded"] = prediction.unbounded
+    if prediction.reason is not None:
+        record["reason"] = prediction.reason
+    return record
+
+
+class Gpu:
+    """Everything `measure` asks of the GPU, in one place: the tests stand a CPU in for it."""
+
+    def check(self, torch, index: int, text: str) -> None:
+        phase_protocol.check_gpu(torch, index, text)
+
+    def environment(self, index: int, text: str, driver_query, process_start: str) -> dict:
+        return environment_capture.collect_environment(index, text, driver_query, process_start)
+
+    def start(self, torch, index: int):
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+        torch.cuda.init()
+        if torch.cuda.memory_reserved(device):  # the trace must leave nothing behind
+            torch.cuda.empty_cache()
+        return device
+
+    def runtime(self, torch):
+        """What phase_protocol.run_phase reads the counters and events from."""
+        return torch.cuda
+
+    def probe(self, torch, device, trace) -> trace_prediction.Calibration:
+        return trace_prediction.probe_operators(torch, device, trace)
+
+    def history(self, torch, on: bool):
+        if on:
+            trace_prediction.start_history(torch)
+            return None
+        snapshot = torch_private.memory_snapshot(torch)
+        trace_prediction.stop_history(torch)
+        return snapshot
+
+
+def run_measurement(torch, gpu, setting, device, function, traced, document, history) -> int:
+    """The phases on the GPU; then, the protocol untouched, the probes and the prediction."""
+    config = Configuration(device, getattr(torch, setting.dtype), setting.batch, setting.seed)
+    rows, facts = document["phases"], {}
+    runtime = gpu.runtime(torch)
+    if history is not None:
+        gpu.history(torch, True)
+    torch.manual_seed(setting.seed)
+    status, failure = "completed", None
+    try:
+        drive(
+            torch, partial(phase_protocol.run_phase, runtime, device), function,
+            setting.file.function, config, setting.dims, setting.warmup, setting.repeats,
+            rows, facts, (runtime.OutOfMemoryError,),
+        )  # fmt: skip
+    except phase_protocol.OutOfMemory as oom:
+        status = "out_of_memory"
+        failure = {
+            "phase": oom.row["phase"],
+            "repetition": oom.row.get("repetition"),
+            "error": phase_protocol.oom_summary(str(oom)),
+            "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
+        }
+    except UserCodeError as exc:
+        status = "failed"
+        traceback.print_exception(exc.original)
+        failure = user_failure(exc)
+    if history is not None:
+        history["snapshot"] = gpu.history(torch, False)
+    document["status"] = status
+    document["workload"] = workload_record(setting, facts or traced[1], rows)
+    if failure is not None:
+        document["failure"] = failure
+    if status == "failed":
+        return cli.INVALID
+    gc.collect()  # the workload's tensors go before the probes need room
+    trace, calibration = traced[0], None
+    try:
+        if trace.stopped is None:
+            calibration = gpu.probe(torch, device, trace)
+            document["calibration"] = calibration.to_json(trace)
+        prediction = trace_prediction.predict(trace, calibration)
+    except Exception as exc:  # the harness's own failure: said, and the measurement stands
+        traceback.print_exc()
+        document.pop("calibration", None)
+        reason = f"the calibration or the replay failed ({type(exc).__name__}): not predicted"
+        prediction = trace_prediction.Prediction(trace_prediction.NOT_PREDICTED, [], [], [], reason)
+    if history is not None:
+        history["replay"] = prediction.log
+        if prediction.rows:  # replayed again under this GPU's own order of segment addresses
+            events = history["snapshot"]["device_traces"][device.index]
+            rank = trace_prediction.segment_ranks(events)
+            history["replay_real_order"] = trace_prediction.replay(trace, calibration, rank)[0]
+    document["prediction"] = prediction_record(trace, prediction, "this process")
+    for row in rows:
+        row["harness_overhead_ns"] = row["wall_time_ns"] - row["event_time_ns"]
+    document["summary"] = summarise(document)
+    compare(document)
+    return cli.OUT_OF_MEMORY if status == "out_of_memory" else cli.OK
+
+
+def user_failure(exc: UserCodeError) -> dict:
+    """Where the user's code raised and the exception's type: never its message, which may
+    hold paths or data."""
+    return {
+        "phase": exc.phase,
+        "repetition": exc.repetition,
+        "exception_type": type(exc.original).__name__,
+        "note": FAILED_NOTE,
+    }
+
+
+def setting_from(args) -> Setting:
+    steps = 1 + args.warmup + args.repeats
+    if steps > args.estimate_budget:
+        raise cli.UsageError(
+            f"the trace would run {steps} steps (1 cold + --warmup {args.warmup} + --repeats "
+            f"{args.repeats}), over the estimate budget of {args.estimate_budget} "
+            "(--estimate-budget)"
+        )
+    given = list(args.dim)
+    if args.hf_config is not None:
+        from pipeline.workloads import hf_model
+
+        file = hf_model.workload_file(
+            Path(args.hf_config), args.task or "inference", args.gradient_checkpointing
+        )
+        options = {"new_tokens": args.new_tokens, "lora_rank": args.lora_rank}
+        given += [(name, value) for name, value in options.items() if value is not None]
+    else:
+        if args.task or args.new_tokens or args.lora_rank or args.gradient_checkpointing:
+            raise cli.UsageError(
+                "--task, --new-tokens, --lora-rank and --gradient-checkpointing go with --hf-config"
+            )
+        file = read_workload_file(*args.workload)
+    return Setting(
+        file, args.dtype, args.batch, {}, {}, args.warmup, args.repeats, args.seed, given
+    )
+
+
+def load(setting: Setting):
+    """Import the workload once for real; its function and dimensions, checked."""
+    module = import_workload(setting.file)
+    function, declared = workload_function(module, setting.file)
+    setting.declared = declared
+    setting.dims = resolve_dimensions(setting.file.function, declared, setting.given)
+    return function
+
+
+def measure(args, gpu: Gpu) -> int:
+    output = Path(args.output)
+    writers.refuse_existing(output)
+    extra = [Path(p) for p in (args.environment_output, args.memory_history) if p]
+    for path in extra:
+        writers.refuse_existing(path)
+    if len({p.resolve() for p in [output, *extra]}) != 1 + len(extra):
+        raise cli.UsageError("--output, --environment-output and --memory-history: one file each")
+    setting = setting_from(args)
+    driver_query = environment_capture.start_driver_query()
+    cuda_driver = environment_capture.start_cuda_driver(args.device)
+
+    def record_environment() -> dict:
+        environment = gpu.environment(
+            args.device, args.device_text, driver_query, args.process_start
+        )
+        environment_capture.stop_cuda_driver(cuda_driver)
+        if args.environment_output:
+            document = environment_capture.environment_document(environment)
+            writers.write_result(Path(args.environment_output), document)
+        return environment
+
+    try:
+        torch = environment_capture.import_torch()
+        gpu.check(torch, args.device, args.device_text)
+    except cli.UsageError:
+        # As mesure_memoire.py and decoder.py measure: a run refused for want of PyTorch or a
+        # GPU still leaves its diagnostic, the environment, where one was asked for.
+        record_environment()
+        raise
+    failed = None
+    try:
+        function = load(setting)
+    except UserCodeError as exc:
+        failed, function = exc, None
+    if failed is None:
+        from pipeline.predicting import attention_choice
+
+        traced = trace_workload(
+            torch, setting, args.device, attention_choice.this_gpu(torch, args.device)
+        )
+    environment = record_environment()
+    document = {
+        "schema": SCHEMA,
+        "tool": TOOL,
+        "created_utc": writers.utc_now(),
+        "status": "running",
+        "environment": environment,
+        "configuration": configuration_record(setting, f"cuda:{args.device}"),
+        "workload": None,
+        "clocks": phase_protocol.CLOCKS,
+        "counters": phase_protocol.COUNTERS,
+        "phase_scopes": PHASE_SCOPES,
+        "phases": [],
+    }
+    if failed is not None:
+        traceback.print_exception(failed.original)
+        document["status"] = "failed"
+        document["workload"] = workload_record(setting, {}, [])
+        document["failure"] = user_failure(failed)
+        code = cli.INVALID
+    else:
+        history = {} if args.memory_history else None
+        device = gpu.start(torch, args.device)
+        code = run_measurement(torch, gpu, setting, device, function, traced, document, history)
+        if history is not None and "snapshot" in history:
+            history["phases"] = [row["phase"] for row in document["phases"]]
+            cli.write_new(Path(args.memory_history), pickle.dumps(history))
+    writers.write_result(output, document)
+    print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
+    if code == cli.OUT_OF_MEMORY:
+        failure = document["failure"]
+        print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)
+    elif code == cli.INVALID:
+        failure = document["failure"]
+        print(
+            f"own_model.py: the workload raised {failure['exception_type']} in "
+            f"{failure['phase']} (traceback above): recorded as failed, not a measurement",
+            file=sys.stderr,
+        )
+    return code
+
+
+# ---------------------------------------------------------------- estimate (no GPU)
+
+
+def estimate(args) -> int:
+    setting = setting_from(args)
+    calibration, source, target = None, None, None
+    if args.gpu is not None:
+        from pipeline.predicting import attention_choice
+
+        calibration, facts = gpu_calibration.load(args.gpu)
+        source = calibration.source
+        target = attention_choice.TargetGpu(
+            facts["gpu"]["name"], tuple(facts["gpu"]["capability"]), facts["torch"]
+        )
+    if args.calibration is not None:
+        calibration, source = read_calibration(Path(args.calibration))
+    torch = environment_capture.import_torch()
+    try:
+        load(setting)
+        trace, facts, failure = trace_workload(torch, setting, 0, target)
+    except UserCodeError as exc:
+        failure, trace = exc, None
+    if failure is not None:
+        traceback.print_exception(failure.original)
+        print(
+            f"own_model.py: the workload raised {type(failure.original).__name__} in "
+            f"{failure.phase} (traceback above): not predicted",
+            file=sys.stderr,
+        )
+        return cli.INVALID
+    prediction = trace_prediction.predict(trace, calibration)
+    document = {
+        "schema": SCHEMA,
+        "tool": TOOL,
+        "created_utc": writers.utc_now(),
+        "status": "predicted",
+        "configuration": configuration_record(setting, trace.device),
+        "workload": workload_record(setting, facts, []),
+        "phase_scopes": PHASE_SCOPES,
+        "prediction": prediction_record(trace, prediction, source),
+    }
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print_estimate(document)
+    return cli.OK
+
+
+def read_calibration(path: Path):
+    """An own-model measurement's calibration, for operator calls with the same signatures:
+    a file that validates as validate.py validates it, measured with a calibration."""
+    from pipeline.artefacts import validate  # jsonschema: read here, when needed
+
+    document = validate.checked(path, (SCHEMA,), "an own_model.py measurement").document
+    if "calibration" not in document:
+        raise cli.UsageError(
+            f"--calibration {path}: an own_model.py {document['status']} file without a "
+            "calibration; give a measurement that has one"
+        )
+    calibration = trace_prediction.Calibration.from_json(document, path.name)
+    gpu = document["environment"]["gpu"].get("name")
+    version = document["environment"]["torch"].get("version")
+    return calibration, f"{path.name} ({gpu}, torch {version})"
+
+
+def print_estimate(document: dict) -> None:
+    prediction = document["prediction"]
+    print("predicted PyTorch allocator counters, bytes (baseline / end / peak)")
+    for row in prediction["phases"]:
+        print(
+            f"{row['phase']:<15} allocated {row['baseline_allocated_bytes']:>14} "
+            f"{row['allocated_bytes']:>14} {row['peak_allocated_bytes']:>14}   reserved "
+            f"{row['baseline_reserved_bytes']:>14} {row['reserved_bytes']:>14} "
+            f"{row['peak_reserved_bytes']:>14}"
+        )
+    trace = prediction["trace"]
+    print(
+        f"prediction: {prediction['status']} (traced on {trace['device']}, torch "
+        f"{trace['torch']}; calibration: {prediction['calibration'] or 'none'})"
+    )
+    if "reason" in prediction:
+        print(f"  {prediction['reason']}")
+    if "bounds" in prediction:
+        largest = {
+            key: max(row[key]["upper"] for row in prediction["bounds"]["phases"])
+            for key in trace_prediction.PEAK_KEYS
+        }
+        least = {
+            key: max(row[key]["lower"] for row in prediction["bounds"]["phases"])
+            for key in trace_prediction.PEAK_KEYS
+        }
+        print(
+            f"  bounds of the largest peaks: allocated {least['peak_allocated_bytes']:,} to "
+            f"{largest['peak_allocated_bytes']:,} B, reserved {least['peak_reserved_bytes']:,} "
+            f"to {largest['peak_reserved_bytes']:,} B"
+        )
+    elif "unbounded" in prediction:
+        print(f"  {prediction['unbounded']}")
+    for entry in prediction["unknown"]:
+        calls = f" ({entry['calls']} calls)" if entry["calls"] else ""
+        print(f"  unknown: {entry['op']}{calls}: {entry['why']}")
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_configuration(parser) -> None:
+    """The run's settings and the workload's dimensions (sweep.py takes the same options)."""
+    parser.add_argument(
+        "--dtype", choices=sorted(allocator_model.DTYPE_BYTES), default=DEFAULTS["dtype"]
+    )
+    for name in ("batch", "warmup", "repeats"):
+        parser.add_argument(
+            f"--{name}",
+            type=arguments.positive_int,
+            default=DEFAULTS[name],
+            help=f"(default {DEFAULTS[name]})",
+        )
+    parser.add_argument("--seed", type=arguments.non_negative_int, default=0)
+    parser.add_argument(
+        "--dim",
+        type=dimension_argument,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one of the function's declared dimensions (keyword-only parameters)",
+    )
+
+
+def add_hf_options(parser) -> None:
+    """What to run of a --hf-config model (hf_model.py)."""
+    parser.add_argument("--task", choices=("inference", "generate", "training", "lora"))
+    parser.add_argument(
+        "--new-tokens", type=arguments.positive_int, help="generate: tokens (default 16)"
+    )
+    parser.add_argument(
+        "--lora-rank", type=arguments.positive_int, help="lora: the rank (default 8)"
+    )
+    parser.add_argument(
+        "--gradient-checkpointing", action="store_true", help="the model's own checkpointing"
+    )
+
+
+def build_parser() -> cli.Parser:
+    parser = cli.Parser(prog="own_model.py", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
+    measure_parser = commands.add_parser("measure", help="measure a workload phase by phase")
+    estimate_parser = commands.add_parser("estimate", help="predict its counters, no GPU")
+    for p in (measure_parser, estimate_parser):
+        which = p.add_mutually_exclusive_group(required=True)
+        which.add_argument(
+            "--workload",
+            type=workload_argument,
+            metavar="FILE.py:FUNCTION",
+            help="the file and the function that returns a Workload",
+        )
+        which.add_argument(
+            "--hf-config",
+            metavar="CONFIG.json",
+            help="a Hugging Face model's config.json, built with transformers (hf_model.py)",
+        )
+        add_hf_options(p)
+        add_configuration(p)
+        p.add_argument(
+            "--estimate-budget",
+            type=arguments.positive_int,
+            default=ESTIMATE_BUDGET,
+            metavar="STEPS",
+            help="the most steps, 1 + warmup + repeats, the trace may run "
+            f"(default {ESTIMATE_BUDGET})",
+        )
+    measure_parser.add_argument("--device", required=True, type=cli.device, help="cuda or cuda:N")
+    measure_parser.add_argument("--output", required=True, help="a new JSON file")
+    measure_parser.add_argument("--environment-output", help="also the environment, a new file")
+    measure_parser.add_argument(
+        "--memory-history",
+        metavar="FILE",
+        help="also record the allocator's history during the phases (no stack traces) and "
+        "the replayed prediction, pickled into this new file, to find where they part",
+    )
+    source = estimate_parser.add_mutually_exclusive_group()  # one calibration, said once
+    source.add_argument(
+        "--calibration",
+        metavar="MEASUREMENT.json",
+        help="an own_model.py measurement whose calibration covers these operator calls",
+    )
+    source.add_argument(
+        "--gpu",
+        choices=sorted(gpu_calibration.KNOWN),
+        help="predict for this GPU: its attention kernel choices and its committed calibration",
+    )
+    estimate_parser.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def main(
+    argv: list[str] | None = None,
+    process_start: str = environment_capture.FRESH_INTERPRETER,
+    gpu: Gpu | None = None,
+):
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        args.process_start = process_start
+        if args.command == "estimate":
+            return estimate(args)
+        args.device_text = args.device
+        args.device = arguments.device_index(args.device)
+        return measure(args, gpu or Gpu())
+
+    return cli.run("own_model.py", body, interrupted="nothing was written")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

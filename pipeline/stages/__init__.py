@@ -1,0 +1,1 @@
+"""The stages over measurements: the chain, sweeps, results logs, merge, fit and report."""

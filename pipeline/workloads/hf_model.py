@@ -1,0 +1,263 @@
+"""A Hugging Face model by its config.json, as an own-model workload: `own_model.py estimate|
+measure --hf-config FILE.json --task inference|generate|training|lora`.
+
+The model is built with transformers from the config alone (`from_config`: random weights,
+nothing downloaded), directly on the device in the run's dtype. The task is a workload
+function of the usual contract (own_model.Workload), generated as a few lines of Python that
+hold the config (`workload_file`): the trace and the measurement run it as they run a user's
+file, one path for both. Tasks:
+
+- inference: one forward over batch × sequence tokens (images: a batch of images), under
+  torch.inference_mode(), with the model's defaults (a causal LM returns its KV cache too);
+- generate: greedy decoding of `new_tokens` tokens after a prefill of the sequence, with the
+  model's own DynamicCache, as generate()'s loop does (the prefill keeps the last logits
+  only); its stopping checks, which read values, are left out: all tokens are generated;
+- training: full fine-tuning, AdamW, labels = inputs (classification: random labels);
+- lora: peft LoRA of rank `lora_rank` on the modules peft targets for the family (its
+  attention projections), AdamW over the adapters.
+`--gradient-checkpointing` turns on the model's own (non-reentrant) checkpointing.
+
+transformers (and peft for lora) are imported only here, when a config is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import inspect
+import json
+from pathlib import Path
+
+from pipeline.core import cli
+from pipeline.core.workload_contract import Workload, WorkloadFile
+
+TASKS = ("inference", "generate", "training", "lora")
+SEQUENCE, NEW_TOKENS, LORA_RANK = 128, 16, 8
+# The model classes a task builds, by the mapping that names the config's architecture.
+HEADS = (
+    ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", "causal"),
+    ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM", "seq2seq"),
+    ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM", "masked"),
+    ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification", "image"),
+)
+MISSING = (
+    "--hf-config needs transformers{peft}, not installed here: "
+    "pip install 'transformers==5.23.0'{peft_pin} (pyproject.toml's `hf` group)"
+)
+
+
+def read_config(path: Path) -> dict:
+    """The config.json, checked before anything is built: a JSON object naming its model_type."""
+    if not path.exists():
+        raise cli.UsageError(f"--hf-config {path}: no such file")
+    if not path.is_file():
+        raise cli.UsageError(f"--hf-config {path}: not a file")
+    try:
+        config = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, ValueError):
+        raise cli.UsageError(f"--hf-config {path}: not JSON") from None
+    if not isinstance(config, dict):
+        raise cli.UsageError(f"--hf-config {path}: not a JSON object")
+    if not isinstance(config.get("model_type"), str):
+        raise cli.UsageError(f"--hf-config {path}: no model_type (not a transformers config.json)")
+    return config
+
+
+def require(task: str) -> None:
+    """transformers (and peft for lora) importable, else one line."""
+    needed = ["transformers"] + (["peft"] if task == "lora" else [])
+    if any(importlib.util.find_spec(name) is None for name in needed):
+        peft = task == "lora"
+        raise cli.UsageError(
+            MISSING.format(
+                peft=" and peft" if peft else "", peft_pin=" 'peft==0.21.2'" if peft else ""
+            )
+        )
+
+
+def head_of(transformers, config) -> tuple[str, str]:
+    """(auto class, kind) for the config: the mapping that holds its architecture's name, or
+    else the first that has its model_type."""
+    from transformers.models.auto import modeling_auto
+
+    architectures = config.architectures or []
+    for mapping, auto, kind in HEADS:
+        names = getattr(modeling_auto, mapping)
+        if any(name in names.values() for name in architectures):
+            return auto, kind
+    for mapping, auto, kind in HEADS:
+        if config.model_type in getattr(modeling_auto, mapping):
+            return auto, kind
+    raise cli.UsageError(
+        f"--hf-config: model_type {config.model_type!r} has no causal LM, sequence-to-sequence, "
+        "masked LM or image classification head in transformers"
+    )
+
+
+def check(config: dict, task: str, path: Path) -> str:
+    """Everything that can be refused in one line before a trace: returns the model's kind."""
+    require(task)
+    import transformers
+
+    try:
+        built = transformers.AutoConfig.for_model(**config)
+    except (ValueError, TypeError, KeyError) as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise cli.UsageError(f"--hf-config {path}: {first}") from None
+    _, kind = head_of(transformers, built)
+    if task == "generate" and kind != "causal":
+        raise cli.UsageError(f"--task generate: {config['model_type']} is not a causal LM")
+    if task == "lora":
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+
+        if config["model_type"] not in TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING:
+            raise cli.UsageError(
+                f"--task lora: peft names no attention projections for {config['model_type']}"
+            )
+    return kind
+
+
+def dimensions(task: str, kind: str) -> dict[str, int]:
+    dims = {} if kind == "image" else {"sequence": SEQUENCE}
+    if task == "generate":
+        dims["new_tokens"] = NEW_TOKENS
+    if task == "lora":
+        dims["lora_rank"] = LORA_RANK
+    return dims
+
+
+def function_name(task: str, checkpointing: bool) -> str:
+    return f"{task}_checkpointed" if checkpointing else task
+
+
+def workload_source(config: dict, task: str, kind: str, checkpointing: bool) -> str:
+    """The workload file for this config and task: its dimensions are keyword-only integers."""
+    dims = dimensions(task, kind)
+    name = function_name(task, checkpointing)
+    signature = "".join(f", {key}={value}" for key, value in dims.items())
+    signature = f", *{signature}" if dims else ""
+    passed = "".join(f", {key}={key}" for key in dims)
+    return (
+        '"""A Hugging Face model by its config, built by own_model.py --hf-config."""\n\n'
+        "from pipeline.workloads import hf_model\n\n"
+        f"CONFIG = {config!r}\n\n\n"
+        f"def {name}(config{signature}):\n"
+        f"    return hf_model.build(config, CONFIG, {task!r}, {checkpointing!r}{passed})\n"
+    )
+
+
+def workload_file(path: Path, task: str, checkpointing: bool):
+    """A WorkloadFile for a config.json: named and hashed by the config's bytes."""
+    config = read_config(path)
+    kind = check(config, task, path)
+    source = workload_source(config, task, kind, checkpointing)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return WorkloadFile(path, function_name(task, checkpointing), source, digest)
+
+
+# ---------------------------------------------------------------- inside the workload
+
+
+def build(config, hf: dict, task: str, checkpointing: bool, **dims):
+    """The Workload (own_model's contract) for this model and task."""
+    import torch
+    import transformers
+
+    settings = transformers.AutoConfig.for_model(**hf)
+    auto, kind = head_of(transformers, settings)
+    # The model's module is imported before the device context, as a user's script imports it:
+    # a tensor made at import time (torchaudio's, which transformers imports where it is
+    # installed) would otherwise be made on the GPU and held there for the whole run.
+    getattr(transformers, auto)._model_mapping[type(settings)]
+    with torch.device(config.device), initialised_as_on_a_gpu(transformers, config.device):
+        model = getattr(transformers, auto).from_config(settings, dtype=config.dtype)
+    if checkpointing:
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    make_inputs = inputs_for(torch, config, model, kind, task, dims.get("sequence"))
+    if task == "inference":
+        return Workload(model.eval(), make_inputs)
+    if task == "generate":
+        return Workload(model.eval(), make_inputs, step=greedy(torch, dims["new_tokens"]))
+    if task == "lora":
+        import peft
+
+        rank = dims["lora_rank"]
+        model = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank))
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)  # a GPU's default
+    return Workload(model, make_inputs, step=lambda model, inputs: model(**inputs).loss,
+                    optimizer=optimizer)  # fmt: skip
+
+
+@contextlib.contextmanager
+def initialised_as_on_a_gpu(transformers, device):
+    """transformers skips weight initialisation under a meta device (to it, meta means "no
+    weights wanted": PreTrainedModel.init_weights); on a GPU it runs, with its temporaries.
+    The GPU-free trace runs on meta: there, the model is initialised as on a GPU."""
+    if device.type != "meta":
+        yield
+        return
+    utils = transformers.modeling_utils
+    original = utils.get_torch_context_manager_or_global_device
+    utils.get_torch_context_manager_or_global_device = lambda: None
+    try:
+        yield
+    finally:
+        utils.get_torch_context_manager_or_global_device = original
+
+
+def inputs_for(torch, config, model, kind: str, task: str, sequence: int | None):
+    """make_inputs() for the model's kind: token ids (labels = inputs for training) or
+    images (random labels)."""
+    settings = model.config
+    training = task in ("training", "lora")
+    device, batch = config.device, config.batch
+
+    def make_inputs() -> dict:
+        if kind == "image":
+            size, channels = settings.image_size, settings.num_channels
+            shape = (batch, channels, size, size)
+            inputs = {"pixel_values": torch.randn(shape, device=device, dtype=config.dtype)}
+            if training:
+                inputs["labels"] = torch.randint(0, settings.num_labels, (batch,), device=device)
+            return inputs
+        vocab = settings.get_text_config().vocab_size
+        ids = torch.randint(0, vocab, (batch, sequence), device=device)
+        inputs = {"input_ids": ids}
+        if training:
+            inputs["labels"] = ids
+        elif kind == "seq2seq":
+            inputs["decoder_input_ids"] = ids
+        return inputs
+
+    return make_inputs
+
+
+def greedy(torch, new_tokens: int):
+    """generate()'s greedy loop: a prefill keeping the last position's logits, then one token
+    at a time through the model's DynamicCache; the prompt and the new tokens returned.
+    generate() itself stops on values (`unfinished_sequences.max() == 0`), which a fake
+    tensor does not have: all `new_tokens` are generated, as with min_new_tokens."""
+
+    def step(model, inputs):
+        import transformers
+
+        keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        with torch.inference_mode():
+            cache = transformers.DynamicCache(config=model.config)
+            extra = {"logits_to_keep": 1} if keep else {}
+            tokens = [inputs["input_ids"]]
+            for n in range(new_tokens):
+                if n == 0:
+                    out = model(**inputs, past_key_values=cache, use_cache=True, **extra)
+                else:
+                    out = model(input_ids=tokens[-1], past_key_values=cache, use_cache=True)
+                # as generate(): the last logits copied in float32, the output dropped
+                logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+                del out
+                tokens.append(logits.argmax(-1, keepdim=True))
+            return torch.cat(tokens, dim=1)
+
+    return step

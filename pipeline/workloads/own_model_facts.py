@@ -1,0 +1,184 @@
+"""The facts of an own-model measurement that validate.py checks, below both: the summary and
+the comparison with the prediction that own_model.py writes and validate.py recomputes, and
+what a schema cannot state. own_model.py re-exports every name; validate.py imports this
+module for own-model files only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+
+from pipeline.core import allocator_model, phase_protocol
+from pipeline.predicting import trace_prediction
+
+SCHEMA = "urn:iteragpu-lab:schema:own-model-measurement:v1"
+
+
+def compare(document: dict) -> None:
+    """Each measured row gets its predicted counters; the summary the largest differences."""
+    predicted = document["prediction"]["phases"]
+    phases = document["phases"]
+    for row, expected in itertools.zip_longest(phases, predicted[: len(phases)]):
+        row["predicted"] = (
+            {k: expected[k] for k in phase_protocol.COUNTER_KEYS} if expected else None
+        )
+    summary = document["summary"]["prediction"]
+    if document["prediction"]["status"] == trace_prediction.NOT_PREDICTED or not phases:
+        summary.update(by_counter=None, held=None, bounds_held=None)
+        summary["largest_abs_difference_allocated_bytes"] = None
+        summary["largest_abs_difference_reserved_bytes"] = None
+        return
+    by_counter = {
+        key: max(abs(row[key] - row["predicted"][key]) for row in phases)
+        for key in phase_protocol.COUNTER_KEYS
+    }
+    summary["by_counter"] = by_counter
+    summary["largest_abs_difference_allocated_bytes"] = max(
+        v for k, v in by_counter.items() if "allocated" in k
+    )
+    summary["largest_abs_difference_reserved_bytes"] = max(
+        v for k, v in by_counter.items() if "reserved" in k
+    )
+    exact = document["prediction"]["status"] == trace_prediction.EXACT
+    summary["held"] = not any(by_counter.values()) if exact else None
+    summary["bounds_held"] = bounds_held(document)
+
+
+def bounds_held(document: dict) -> bool | None:
+    """Every measured row's peaks inside its predicted bounds; None without bounds."""
+    bounds = document["prediction"].get("bounds")
+    if bounds is None:
+        return None
+    return all(
+        found[key]["lower"] <= row[key] <= found[key]["upper"]
+        for row, found in zip(document["phases"], bounds["phases"], strict=False)
+        for key in trace_prediction.PEAK_KEYS
+    )
+
+
+def summarise(document: dict) -> dict:
+    phases = document["phases"]
+    warm = [row for row in phases if row["phase"] == "warm_step"]
+    summary = {
+        "phases_completed": len(phases),
+        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
+        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
+        "warm_step_median_event_time_ns": (
+            statistics.median(r["event_time_ns"] for r in warm) if warm else None
+        ),
+        "warm_step_median_wall_time_ns": (
+            statistics.median(r["wall_time_ns"] for r in warm) if warm else None
+        ),
+    }
+    applicable, because = allocator_model.prediction_applicability(document["environment"])
+    summary["prediction"] = {"status": document["prediction"]["status"], "applicable": applicable}
+    if not applicable:
+        summary["prediction"]["not_applicable_because"] = because
+    return summary
+
+
+# ---------------------------------------------------------------- facts a schema cannot state
+
+
+def document_facts(document: dict) -> list[str]:
+    """For validate.py: the rows follow the plan, their counters are consistent, and the
+    summary and the predictions beside them say what the rows say. Each error has its path."""
+    if document["status"] == "predicted":
+        return prediction_peak_facts(document["prediction"])
+    errors = []
+    rows, record = document["phases"], document["workload"]
+    names = [row["phase"] for row in rows]
+    planned = record["phases_planned"] or []
+    if record["phases_run"] != names:
+        errors.append("$.workload.phases_run: not the phases of the rows")
+    if names != planned[: len(names)]:
+        errors.append(f"$.phases: {names} do not follow the plan {planned}")
+    status = document["status"]
+    if status == "completed" and names != planned:
+        errors.append(f"$.phases: {len(names)} rows, the plan has {len(planned)}")
+    if status != "completed":
+        failure = document["failure"]
+        expected = (
+            "import" if failure["phase"] == "import" else planned[len(names) : len(names) + 1]
+        )
+        if failure["phase"] == "import" and names:
+            errors.append("$.failure.phase: import, but phases ran")
+        elif failure["phase"] != "import" and [failure["phase"]] != expected and planned:
+            errors.append(f"$.failure.phase: {failure['phase']!r}, the next planned is {expected}")
+    warm = [row.get("repetition") for row in rows if row["phase"] == "warm_step"]
+    if warm != list(range(1, len(warm) + 1)):
+        errors.append(f"$.phases: warm_step repetitions {warm} are not 1, 2, ...")
+    for i, row in enumerate(rows):
+        errors += counter_facts(f"$.phases[{i}]", row)
+        want = document["configuration"]["warmup"] if row["phase"] == "warmup" else 1
+        if row["passes"] != want:
+            errors.append(f"$.phases[{i}].passes: {row['passes']}, expected {want}")
+    if status == "failed":
+        return errors
+    errors += prediction_peak_facts(document["prediction"])
+    predicted = document["prediction"]["phases"]
+    for i, row in enumerate(rows):
+        if row["harness_overhead_ns"] != row["wall_time_ns"] - row["event_time_ns"]:
+            errors.append(f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns")
+        expected = None
+        if i < len(predicted):
+            expected = {key: predicted[i][key] for key in phase_protocol.COUNTER_KEYS}
+        if row["predicted"] != expected:
+            errors.append(f"$.phases[{i}].predicted: not $.prediction.phases[{i}]")
+    summary = document["summary"]
+    expected_summary = summarise(document)
+    for key in ("phases_completed", "largest_peak_allocated_bytes", "largest_peak_reserved_bytes"):
+        if summary[key] != expected_summary[key]:
+            errors.append(f"$.summary.{key}: {summary[key]}, the rows give {expected_summary[key]}")
+    copy = {"phases": [dict(row) for row in rows], "prediction": document["prediction"]}
+    copy["summary"] = {"prediction": {}}
+    compare(copy)
+    for key, value in copy["summary"]["prediction"].items():
+        if summary["prediction"].get(key) != value:  # bounds_held: absent in older files
+            errors.append(
+                f"$.summary.prediction.{key}: {summary['prediction'][key]}, the rows give {value}"
+            )
+    return errors
+
+
+def counter_facts(where: str, row: dict) -> list[str]:
+    """Allocated is part of reserved; a peak is at least the start and the end."""
+    errors = []
+    for prefix in ("baseline_", "", "peak_"):
+        if row[f"{prefix}allocated_bytes"] > row[f"{prefix}reserved_bytes"]:
+            errors.append(f"{where}: {prefix}allocated_bytes > {prefix}reserved_bytes")
+    for kind in ("allocated", "reserved"):
+        for start in (f"baseline_{kind}_bytes", f"{kind}_bytes"):
+            if row[f"peak_{kind}_bytes"] < row[start]:
+                errors.append(f"{where}: peak_{kind}_bytes < {start}")
+    return errors
+
+
+def prediction_peak_facts(prediction: dict) -> list[str]:
+    errors = []
+    for i, row in enumerate(prediction["phases"]):
+        errors += counter_facts(f"$.prediction.phases[{i}]", row)
+    for kind in ("allocated", "reserved"):
+        largest = max((r[f"peak_{kind}_bytes"] for r in prediction["phases"]), default=None)
+        if prediction[f"largest_peak_{kind}_bytes"] != largest:
+            errors.append(f"$.prediction.largest_peak_{kind}_bytes: not the phases' largest")
+    return errors + bounds_facts(prediction)
+
+
+def bounds_facts(prediction: dict) -> list[str]:
+    """Bounds, one per predicted row, of that row, around its predicted peaks."""
+    if "bounds" not in prediction:
+        return []
+    found, rows = prediction["bounds"]["phases"], prediction["phases"]
+    if len(found) != len(rows):
+        return [f"$.prediction.bounds.phases: {len(found)} rows, the prediction has {len(rows)}"]
+    errors = []
+    for i, (bound, row) in enumerate(zip(found, rows, strict=True)):
+        where = f"$.prediction.bounds.phases[{i}]"
+        if (bound["phase"], bound.get("repetition")) != (row["phase"], row.get("repetition")):
+            errors.append(f"{where}: not the row of $.prediction.phases[{i}]")
+        for key in trace_prediction.PEAK_KEYS:
+            if not bound[key]["lower"] <= row[key] <= bound[key]["upper"]:
+                errors.append(f"{where}.{key}: the prediction {row[key]} is outside its bounds")
+    return errors
