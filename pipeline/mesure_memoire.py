@@ -537,8 +537,15 @@ def utc_now() -> str:
 # ---------------------------------------------------------------- prediction (no GPU)
 
 
+def block_bytes(nbytes: int) -> int:
+    """The bytes of the block a request of `nbytes` (> 0) is given at the least."""
+    return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+
+
 class AllocatorModel:
-    """Replays allocations and frees, one stream, and keeps the four counters PyTorch keeps."""
+    """Replays allocations and frees, one stream, and keeps the four counters PyTorch keeps.
+    Its free blocks are one list, scanned at every allocation; a subclass keeps them its own
+    way through _take, _list and _unlist, and places segments through segment_address."""
 
     def __init__(self) -> None:
         self.free_blocks: list[dict] = []
@@ -548,47 +555,60 @@ class AllocatorModel:
     def reset_peaks(self) -> None:
         self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
 
+    def _take(self, size: int, small: bool) -> dict | None:
+        """The best-fitting free block of the pool (the smallest, then the lowest), unlisted."""
+        fits = [b for b in self.free_blocks if b["small"] == small and b["size"] >= size]
+        if not fits:
+            return None
+        block = min(fits, key=lambda b: (b["size"], b["address"]))
+        self.free_blocks.remove(block)
+        return block
+
+    def _list(self, block: dict) -> None:
+        self.free_blocks.append(block)
+
+    def _unlist(self, block: dict) -> None:
+        self.free_blocks.remove(block)
+
+    def segment_address(self, size: int) -> int:
+        """A new segment's address: above every earlier one."""
+        address = self.next_address
+        self.next_address += size + ROUND_LARGE  # segments never touch
+        return address
+
+    def _new_segment(self, size: int, small: bool) -> dict:
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return {
+            "address": self.segment_address(size),
+            "size": size,
+            "small": small,
+            "prev": None,
+            "next": None,
+            "allocated": False,
+        }
+
     def malloc(self, nbytes: int) -> dict | None:
         if nbytes == 0:
             return None  # an empty tensor takes no block
-        size = max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+        size = block_bytes(nbytes)
         small = size <= SMALL_SIZE
-        fits = [b for b in self.free_blocks if b["small"] == small and b["size"] >= size]
-        if fits:
-            block = min(fits, key=lambda b: (b["size"], b["address"]))
-            self.free_blocks.remove(block)
-        else:
+        block = self._take(size, small)
+        if block is None:
             if small:
                 segment = SMALL_SEGMENT
             elif size < MIN_LARGE_ALLOC:
                 segment = LARGE_SEGMENT
             else:
                 segment = -(-size // ROUND_LARGE) * ROUND_LARGE
-            block = {
-                "address": self.next_address,
-                "size": segment,
-                "small": small,
-                "prev": None,
-                "next": None,
-                "allocated": False,
-            }
-            self.next_address += segment + ROUND_LARGE  # segments never touch
-            self.reserved += segment
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            block = self._new_segment(segment, small)
         rest = block["size"] - size
         if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
-            tail = {
-                "address": block["address"] + size,
-                "size": rest,
-                "small": small,
-                "prev": block,
-                "next": block["next"],
-                "allocated": False,
-            }
+            tail = dict(block, address=block["address"] + size, size=rest, prev=block)
             if block["next"] is not None:
                 block["next"]["prev"] = tail
             block["next"], block["size"] = tail, size
-            self.free_blocks.append(tail)
+            self._list(tail)
         block["allocated"] = True
         self.allocated += block["size"]
         self.peak_allocated = max(self.peak_allocated, self.allocated)
@@ -601,7 +621,7 @@ class AllocatorModel:
         self.allocated -= block["size"]
         for neighbour in (block["prev"], block["next"]):
             if neighbour is not None and not neighbour["allocated"]:
-                self.free_blocks.remove(neighbour)
+                self._unlist(neighbour)
                 if neighbour is block["prev"]:
                     block["address"], block["prev"] = neighbour["address"], neighbour["prev"]
                     if neighbour["prev"] is not None:
@@ -611,7 +631,7 @@ class AllocatorModel:
                     if neighbour["next"] is not None:
                         neighbour["next"]["prev"] = block
                 block["size"] += neighbour["size"]
-        self.free_blocks.append(block)
+        self._list(block)
 
     def counters(self) -> dict:
         return {"allocated_bytes": self.allocated, "reserved_bytes": self.reserved}
@@ -877,6 +897,15 @@ def reference_timing(torch, model, x) -> dict:
     }
 
 
+def phase_row(name: str, repetition: int | None, passes: int) -> dict:
+    """A phase row's first keys, measured or traced alike."""
+    row: dict = {"phase": name}
+    if repetition is not None:
+        row["repetition"] = repetition
+    row["passes"] = passes
+    return row
+
+
 def run_phase(cuda, device, name: str, operation, repetition: int | None = None, passes: int = 1):
     """One phase under the protocol: synchronise, baseline, peak reset, run, synchronise, end
     values. Returns (row, what the operation returned); the caller keeps what it needs (the
@@ -884,10 +913,7 @@ def run_phase(cuda, device, name: str, operation, repetition: int | None = None,
     An out-of-memory inside the operation raises OutOfMemory with the row read after it."""
     start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
     cuda.synchronize(device)
-    row: dict = {"phase": name}
-    if repetition is not None:
-        row["repetition"] = repetition
-    row["passes"] = passes
+    row = phase_row(name, repetition, passes)
     row["baseline_allocated_bytes"] = cuda.memory_allocated(device)
     row["baseline_reserved_bytes"] = cuda.memory_reserved(device)
     cuda.reset_peak_memory_stats(device)
@@ -1013,6 +1039,15 @@ def add_predictions(document: dict, library_blocks: list[dict]) -> None:
         row["harness_overhead_ns"] = row["wall_time_ns"] - row["event_time_ns"]
 
 
+def peaks_summary(phases: list[dict]) -> dict:
+    """The first keys of every workload's summary: how many rows, and their largest peaks."""
+    return {
+        "phases_completed": len(phases),
+        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
+        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
+    }
+
+
 def spread(values: list[int]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -1053,9 +1088,7 @@ def summarise(document: dict, reference: dict | None = None) -> dict:
         "and the calibrated library blocks"
     )
     summary = {
-        "phases_completed": len(phases),
-        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
-        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
+        **peaks_summary(phases),
         "warm_forward_median_event_time_ns": None,
         "warm_forward_median_wall_time_ns": None,
         "prediction": prediction_summary(document, model),
@@ -1101,26 +1134,57 @@ def environment_document(environment: dict) -> dict:
     }
 
 
+def refuse_outputs(named: dict[str, Path | None]) -> None:
+    """Each output option's file (None: not asked for) is new, and each is its own file."""
+    given = {option: path for option, path in named.items() if path is not None}
+    for path in given.values():
+        refuse_existing(path)
+    seen: dict[Path, str] = {}
+    for option, path in given.items():
+        first = seen.setdefault(path.resolve(), option)
+        if first != option:
+            raise UsageError(f"{option} and {first} must be two files")
+
+
+class EnvironmentStart:
+    """The environment's slow parts (the driver query, the CUDA driver) started now; the
+    record is taken by record(), once the workload is ready to measure."""
+
+    def __init__(self, device: int) -> None:
+        self.driver_query = start_driver_query()
+        self.cuda_driver = start_cuda_driver(device)
+
+    def record(self, args, output: Path | None, check=None, collect=collect_environment) -> dict:
+        """The environment of this run (`collect` reads it), checked by `check` before anything
+        is written, then written to `output` where one was asked for."""
+        environment = collect(args.device, args.device_text, self.driver_query, args.process_start)
+        stop_cuda_driver(self.cuda_driver)
+        if check is not None:
+            check(environment)
+        if output is not None:
+            write_result(output, environment_document(environment))
+        return environment
+
+
+def write_measurement(output: Path, document: dict) -> None:
+    """The measurement file, and one line of what it holds (a second line on stderr when the
+    GPU ran out of memory: where, and PyTorch's words)."""
+    write_result(output, document)
+    print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
+    if document["status"] == "out_of_memory":
+        failure = document["failure"]
+        print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)
+
+
 def measure(args: argparse.Namespace) -> int:
     """With --environment-output, the environment is written first, by this same process:
     a pipeline then pays CUDA start-up once per run, and a run refused for want of PyTorch
     or a GPU still leaves its diagnostic behind."""
     output = Path(args.output)
-    refuse_existing(output)
     environment_output = Path(args.environment_output) if args.environment_output else None
-    if environment_output is not None:
-        refuse_existing(environment_output)
-        if environment_output.resolve() == output.resolve():
-            raise UsageError("--environment-output and --output must be two files")
+    refuse_outputs({"--output": output, "--environment-output": environment_output})
     check_host_memory(args.width, args.dtype)
-    driver_query = start_driver_query()
-    cuda_driver = start_cuda_driver(args.device)
-    environment = collect_environment(
-        args.device, args.device_text, driver_query, args.process_start
-    )
-    stop_cuda_driver(cuda_driver)
-    if environment_output is not None:
-        write_result(environment_output, environment_document(environment))
+    environment = EnvironmentStart(args.device).record(args, environment_output)
     import_torch()  # the exit-2 guard, before the measurement is written
     document = {
         "schema": MEASUREMENT_SCHEMA,
@@ -1147,11 +1211,7 @@ def measure(args: argparse.Namespace) -> int:
         "phases": [],
     }
     exit_code = run_measurement(args, document)
-    write_result(output, document)
-    print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
-    if exit_code == EXIT_OOM:
-        failure = document["failure"]
-        print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)
+    write_measurement(output, document)
     return exit_code
 
 

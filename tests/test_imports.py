@@ -70,9 +70,9 @@ def circles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def graph_of(root: Path) -> dict[str, set[str]]:
-    """Each module (a .py file under `root`, package or not) and the modules it imports."""
-    paths = [path for path in sorted(root.rglob("*.py")) if path.name != "__init__.py"]
+def graph_of(root: Path, package: str = "pipeline") -> dict[str, set[str]]:
+    """Each module of the package under `root` and the modules of it that it imports."""
+    paths = [p for p in sorted((root / package).rglob("*.py")) if p.name != "__init__.py"]
     modules = {module_name(path, root) for path in paths}
     return {module_name(path, root): imports(path, modules, root) for path in paths}
 
@@ -185,7 +185,7 @@ def test_a_circle_is_found_even_through_an_import_inside_a_function(tmp_path, fi
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
-    assert circles(graph_of(tmp_path)) == expected
+    assert circles(graph_of(tmp_path, "p")) == expected
 
 
 def test_an_upward_import_is_seen(tmp_path):

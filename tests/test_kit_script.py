@@ -119,8 +119,9 @@ def test_a_line_must_name_consecutive_definitions_all_their_names_in_order():
 
 def test_a_definition_placed_twice_or_defined_twice_is_refused():
     own_part, core = sources()
-    line = "# from allocator_model: AllocatorModel"
-    twice = own_part.replace(line, f"{line}\n{line}")
+    line = "# from allocator_model: block_bytes, AllocatorModel"
+    assert line in own_part
+    twice = own_part.replace(line, f"{line}\n# from allocator_model: AllocatorModel")
     with pytest.raises(make_kit_script.KitSourceError, match="AllocatorModel placed twice"):
         make_kit_script.generate(twice, core)
     clash = own_part + "\n\ndef utc_now() -> str:\n    return ''\n"

@@ -263,6 +263,7 @@ def summary_facts(summary: dict, phases: list[dict]) -> list[str]:
         return statistics.median(row[key] for row in warm) if warm else None
 
     expected = {
+        # recomputed here, apart from phase_protocol.peaks_summary: the check is independent
         "phases_completed": len(phases),
         "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
         "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),

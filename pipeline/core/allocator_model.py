@@ -36,8 +36,15 @@ MODELLED_ALLOCATOR = {
 }
 
 
+def block_bytes(nbytes: int) -> int:
+    """The bytes of the block a request of `nbytes` (> 0) is given at the least."""
+    return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+
+
 class AllocatorModel:
-    """Replays allocations and frees, one stream, and keeps the four counters PyTorch keeps."""
+    """Replays allocations and frees, one stream, and keeps the four counters PyTorch keeps.
+    Its free blocks are one list, scanned at every allocation; a subclass keeps them its own
+    way through _take, _list and _unlist, and places segments through segment_address."""
 
     def __init__(self) -> None:
         self.free_blocks: list[dict] = []
@@ -47,47 +54,60 @@ class AllocatorModel:
     def reset_peaks(self) -> None:
         self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
 
+    def _take(self, size: int, small: bool) -> dict | None:
+        """The best-fitting free block of the pool (the smallest, then the lowest), unlisted."""
+        fits = [b for b in self.free_blocks if b["small"] == small and b["size"] >= size]
+        if not fits:
+            return None
+        block = min(fits, key=lambda b: (b["size"], b["address"]))
+        self.free_blocks.remove(block)
+        return block
+
+    def _list(self, block: dict) -> None:
+        self.free_blocks.append(block)
+
+    def _unlist(self, block: dict) -> None:
+        self.free_blocks.remove(block)
+
+    def segment_address(self, size: int) -> int:
+        """A new segment's address: above every earlier one."""
+        address = self.next_address
+        self.next_address += size + ROUND_LARGE  # segments never touch
+        return address
+
+    def _new_segment(self, size: int, small: bool) -> dict:
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return {
+            "address": self.segment_address(size),
+            "size": size,
+            "small": small,
+            "prev": None,
+            "next": None,
+            "allocated": False,
+        }
+
     def malloc(self, nbytes: int) -> dict | None:
         if nbytes == 0:
             return None  # an empty tensor takes no block
-        size = max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+        size = block_bytes(nbytes)
         small = size <= SMALL_SIZE
-        fits = [b for b in self.free_blocks if b["small"] == small and b["size"] >= size]
-        if fits:
-            block = min(fits, key=lambda b: (b["size"], b["address"]))
-            self.free_blocks.remove(block)
-        else:
+        block = self._take(size, small)
+        if block is None:
             if small:
                 segment = SMALL_SEGMENT
             elif size < MIN_LARGE_ALLOC:
                 segment = LARGE_SEGMENT
             else:
                 segment = -(-size // ROUND_LARGE) * ROUND_LARGE
-            block = {
-                "address": self.next_address,
-                "size": segment,
-                "small": small,
-                "prev": None,
-                "next": None,
-                "allocated": False,
-            }
-            self.next_address += segment + ROUND_LARGE  # segments never touch
-            self.reserved += segment
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            block = self._new_segment(segment, small)
         rest = block["size"] - size
         if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
-            tail = {
-                "address": block["address"] + size,
-                "size": rest,
-                "small": small,
-                "prev": block,
-                "next": block["next"],
-                "allocated": False,
-            }
+            tail = dict(block, address=block["address"] + size, size=rest, prev=block)
             if block["next"] is not None:
                 block["next"]["prev"] = tail
             block["next"], block["size"] = tail, size
-            self.free_blocks.append(tail)
+            self._list(tail)
         block["allocated"] = True
         self.allocated += block["size"]
         self.peak_allocated = max(self.peak_allocated, self.allocated)
@@ -100,7 +120,7 @@ class AllocatorModel:
         self.allocated -= block["size"]
         for neighbour in (block["prev"], block["next"]):
             if neighbour is not None and not neighbour["allocated"]:
-                self.free_blocks.remove(neighbour)
+                self._unlist(neighbour)
                 if neighbour is block["prev"]:
                     block["address"], block["prev"] = neighbour["address"], neighbour["prev"]
                     if neighbour["prev"] is not None:
@@ -110,7 +130,7 @@ class AllocatorModel:
                     if neighbour["next"] is not None:
                         neighbour["next"]["prev"] = block
                 block["size"] += neighbour["size"]
-        self.free_blocks.append(block)
+        self._list(block)
 
     def counters(self) -> dict:
         return {"allocated_bytes": self.allocated, "reserved_bytes": self.reserved}

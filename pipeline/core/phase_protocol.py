@@ -73,6 +73,15 @@ def oom_summary(message: str) -> str:
     return f"CUDA out of memory: tried to allocate {match.group(1)}" if match else "out of memory"
 
 
+def phase_row(name: str, repetition: int | None, passes: int) -> dict:
+    """A phase row's first keys, measured or traced alike."""
+    row: dict = {"phase": name}
+    if repetition is not None:
+        row["repetition"] = repetition
+    row["passes"] = passes
+    return row
+
+
 def run_phase(cuda, device, name: str, operation, repetition: int | None = None, passes: int = 1):
     """One phase under the protocol: synchronise, baseline, peak reset, run, synchronise, end
     values. Returns (row, what the operation returned); the caller keeps what it needs (the
@@ -80,10 +89,7 @@ def run_phase(cuda, device, name: str, operation, repetition: int | None = None,
     An out-of-memory inside the operation raises OutOfMemory with the row read after it."""
     start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
     cuda.synchronize(device)
-    row: dict = {"phase": name}
-    if repetition is not None:
-        row["repetition"] = repetition
-    row["passes"] = passes
+    row = phase_row(name, repetition, passes)
     row["baseline_allocated_bytes"] = cuda.memory_allocated(device)
     row["baseline_reserved_bytes"] = cuda.memory_reserved(device)
     cuda.reset_peak_memory_stats(device)
@@ -106,6 +112,15 @@ def run_phase(cuda, device, name: str, operation, repetition: int | None = None,
     if failure is not None:
         raise OutOfMemory(row, failure)
     return row, result
+
+
+def peaks_summary(phases: list[dict]) -> dict:
+    """The first keys of every workload's summary: how many rows, and their largest peaks."""
+    return {
+        "phases_completed": len(phases),
+        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
+        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
+    }
 
 
 def spread(values: list[int]) -> dict:

@@ -172,6 +172,11 @@ def workload_argument(text: str) -> str:
     raise argparse.ArgumentTypeError(f"{ARGUMENTS_TEXT}, got {text!r}")
 
 
+def add_option(parser: argparse.ArgumentParser, **shown) -> None:
+    """--workload, as chain.py and sweep.py take it (`shown`: its help and metavar)."""
+    parser.add_argument("--workload", type=workload_argument, default=DEFAULT.argument, **shown)
+
+
 def of_argument(text: str) -> WorkloadKind:
     """The kind --workload names: one by its name, else the workload file's."""
     return NAMED.get(text) or next(entry for entry in KINDS if entry.file)

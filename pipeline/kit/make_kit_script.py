@@ -47,7 +47,14 @@ ROOT = Path(__file__).resolve().parents[2]
 KIT_SCRIPT = Path("pipeline/mesure_memoire.py")
 OWN_PART = Path("pipeline/workloads/seed_network.py")
 # The core the kit carries, in the order a reader meets it: each a module of pipeline/core/.
-CORE = ("arguments", "allocator_model", "phase_protocol", "environment_capture", "writers")
+CORE = (
+    "arguments",
+    "allocator_model",
+    "phase_protocol",
+    "environment_capture",
+    "writers",
+    "measure_flow",
+)
 REGENERATE = "python -m pipeline.kit.make_kit_script"
 PACKAGE = "pipeline.core."  # how the sources import the core: from pipeline.core.NAME import
 SOURCES = (OWN_PART, *(Path(f"pipeline/core/{name}.py") for name in CORE))

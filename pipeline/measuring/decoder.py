@@ -32,7 +32,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import sys
 from pathlib import Path
 
 from pipeline.core import (
@@ -40,6 +39,7 @@ from pipeline.core import (
     arguments,
     cli,
     environment_capture,
+    measure_flow,
     phase_protocol,
     writers,
 )
@@ -981,9 +981,7 @@ def add_predictions(document: dict, shape: Shape, run: dict, calibration) -> Non
 def summarise(document: dict) -> dict:
     phases, run = document["phases"], document["configuration"]
     summary = {
-        "phases_completed": len(phases),
-        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
-        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
+        **phase_protocol.peaks_summary(phases),
         # the mirror replays the native allocator with its default settings: anything else is said
         "prediction": phase_protocol.prediction_summary(document),
         "timing": None,
@@ -1098,35 +1096,21 @@ def refuse_foreign_calibration(calibration: Calibration, environment: dict) -> N
 
 
 def measure(args: argparse.Namespace, shape: Shape, preset: str | None, run: dict) -> int:
-    """seed_network.measure's order: refuse existing outputs, write the environment first
-    (same process), then the phases; the file is written whatever happened on the GPU."""
+    """measure_flow's order, as every workload is measured."""
     output = Path(args.output)
-    writers.refuse_existing(output)
     environment_output = Path(args.environment_output) if args.environment_output else None
-    if environment_output is not None:
-        writers.refuse_existing(environment_output)
-        if environment_output.resolve() == output.resolve():
-            raise cli.UsageError("--environment-output and --output must be two files")
-    driver_query = environment_capture.start_driver_query()
-    cuda_driver = environment_capture.start_cuda_driver(args.device)
-    environment = environment_capture.collect_environment(
-        args.device, args.device_text, driver_query, args.process_start
-    )
-    environment_capture.stop_cuda_driver(cuda_driver)
-    if args.calibration is not None and environment["gpu"].get("available"):
-        refuse_foreign_calibration(args.calibration, environment)
-    if environment_output is not None:
-        writers.write_result(
-            environment_output, environment_capture.environment_document(environment)
-        )
+    measure_flow.refuse_outputs({"--output": output, "--environment-output": environment_output})
+
+    def calibration_of_this_gpu(environment: dict) -> None:
+        if args.calibration is not None and environment["gpu"].get("available"):
+            refuse_foreign_calibration(args.calibration, environment)
+
+    started = measure_flow.EnvironmentStart(args.device)
+    environment = started.record(args, environment_output, check=calibration_of_this_gpu)
     environment_capture.import_torch()  # the exit-2 guard, before the measurement is written
     document = new_measurement(shape, preset, run, f"cuda:{args.device}", args.seed, environment)
     exit_code = run_measurement(args, document, shape, run)
-    writers.write_result(output, document)
-    print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
-    if exit_code == cli.OUT_OF_MEMORY:
-        failure = document["failure"]
-        print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)
+    measure_flow.write_measurement(output, document)
     return exit_code
 
 

@@ -47,6 +47,7 @@ from pipeline.core import (
     arguments,
     cli,
     environment_capture,
+    measure_flow,
     phase_protocol,
     torch_private,
     writers,
@@ -716,25 +717,17 @@ def load(setting: Setting):
 
 def measure(args, gpu: Gpu) -> int:
     output = Path(args.output)
-    writers.refuse_existing(output)
-    extra = [Path(p) for p in (args.environment_output, args.memory_history) if p]
-    for path in extra:
-        writers.refuse_existing(path)
-    if len({p.resolve() for p in [output, *extra]}) != 1 + len(extra):
-        raise cli.UsageError("--output, --environment-output and --memory-history: one file each")
+    named = {
+        "--environment-output": args.environment_output,
+        "--memory-history": args.memory_history,
+    }
+    outputs = {"--output": output, **{k: Path(v) if v else None for k, v in named.items()}}
+    measure_flow.refuse_outputs(outputs)
     setting = setting_from(args)
-    driver_query = environment_capture.start_driver_query()
-    cuda_driver = environment_capture.start_cuda_driver(args.device)
+    started = measure_flow.EnvironmentStart(args.device)
 
     def record_environment() -> dict:
-        environment = gpu.environment(
-            args.device, args.device_text, driver_query, args.process_start
-        )
-        environment_capture.stop_cuda_driver(cuda_driver)
-        if args.environment_output:
-            document = environment_capture.environment_document(environment)
-            writers.write_result(Path(args.environment_output), document)
-        return environment
+        return started.record(args, outputs["--environment-output"], collect=gpu.environment)
 
     try:
         torch = environment_capture.import_torch()
@@ -782,12 +775,8 @@ def measure(args, gpu: Gpu) -> int:
         if history is not None and "snapshot" in history:
             history["phases"] = [row["phase"] for row in document["phases"]]
             cli.write_new(Path(args.memory_history), pickle.dumps(history))
-    writers.write_result(output, document)
-    print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
-    if code == cli.OUT_OF_MEMORY:
-        failure = document["failure"]
-        print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)
-    elif code == cli.INVALID:
+    measure_flow.write_measurement(output, document)
+    if code == cli.INVALID:
         failure = document["failure"]
         print(
             f"own_model.py: the workload raised {failure['exception_type']} in "

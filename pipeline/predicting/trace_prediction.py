@@ -488,10 +488,7 @@ class Tracer:
             self._undo.pop()()
 
     def phase(self, name: str, operation, repetition: int | None = None, passes: int = 1):
-        row: dict = {"phase": name}
-        if repetition is not None:
-            row["repetition"] = repetition
-        row["passes"] = passes
+        row = phase_protocol.phase_row(name, repetition, passes)
         self.recorder.poll()
         self.trace.events.append(("start", name, repetition, passes))
         result = operation()
@@ -1688,62 +1685,32 @@ class IndexedAllocator(allocator_model.AllocatorModel):
         pool = self.pools[block["small"]]
         del pool[bisect.bisect_left(pool, block["key"])]
 
-    def malloc(self, nbytes: int):
-        if nbytes == 0:
-            return None  # an empty tensor takes no block
-        min_block = allocator_model.MIN_BLOCK
-        size = max(min_block, -(-nbytes // min_block) * min_block)
-        small = size <= allocator_model.SMALL_SIZE
+    def _take(self, size: int, small: bool) -> dict | None:
         pool = self.pools[small]
         at = bisect.bisect_left(pool, (size,))
-        if at < len(pool):
-            block = pool.pop(at)[3]
-            if not self.address_choice:
-                for other in itertools.islice(pool, at, None):
-                    if other[0] != block["size"]:
-                        break
-                    if other[3]["segment"] != block["segment"]:
-                        self.address_choice = True
-                        break
-        else:
-            if small:
-                segment = allocator_model.SMALL_SEGMENT
-            elif size < allocator_model.MIN_LARGE_ALLOC:
-                segment = allocator_model.LARGE_SEGMENT
-            else:
-                segment = -(-size // allocator_model.ROUND_LARGE) * allocator_model.ROUND_LARGE
-            block = {
-                "address": self.segment_address(segment),
-                "size": segment,
-                "small": small,
-                "prev": None,
-                "next": None,
-                "allocated": False,
-                "segment": next(self.made),
-            }
-            self.reserved += segment
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
-        rest = block["size"] - size
-        if rest >= min_block if small else rest > allocator_model.SMALL_SIZE:
-            tail = {
-                "address": block["address"] + size,
-                "size": rest,
-                "small": small,
-                "prev": block,
-                "next": block["next"],
-                "allocated": False,
-                "segment": block["segment"],
-            }
-            if block["next"] is not None:
-                block["next"]["prev"] = tail
-            block["next"], block["size"] = tail, size
-            self._list(tail)
-        block["allocated"] = True
-        block["requested"] = size
-        self.allocated += block["size"]
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
-        self.requested += size
-        self.peak_requested = max(self.peak_requested, self.requested)
+        if at == len(pool):
+            return None
+        block = pool.pop(at)[3]
+        if not self.address_choice:
+            for other in itertools.islice(pool, at, None):
+                if other[0] != block["size"]:
+                    break
+                if other[3]["segment"] != block["segment"]:
+                    self.address_choice = True
+                    break
+        return block
+
+    def _new_segment(self, size: int, small: bool) -> dict:
+        block = super()._new_segment(size, small)
+        block["segment"] = next(self.made)  # its split-off tails carry it too
+        return block
+
+    def malloc(self, nbytes: int):
+        block = super().malloc(nbytes)
+        if block is not None:
+            block["requested"] = size = allocator_model.block_bytes(nbytes)
+            self.requested += size
+            self.peak_requested = max(self.peak_requested, self.requested)
         return block
 
     def reset_peaks(self) -> None:
@@ -1753,31 +1720,10 @@ class IndexedAllocator(allocator_model.AllocatorModel):
     def end_phase(self) -> None:
         self.peaks_requested.append(self.peak_requested)
 
-    def segment_address(self, size: int) -> int:
-        """A new segment's address: above every earlier one (the plain order)."""
-        address = self.next_address
-        self.next_address += size + allocator_model.ROUND_LARGE  # segments never touch
-        return address
-
     def free(self, block) -> None:
-        if block is None:
-            return
-        block["allocated"] = False
-        self.allocated -= block["size"]
-        self.requested -= block["requested"]
-        for neighbour in (block["prev"], block["next"]):
-            if neighbour is not None and not neighbour["allocated"]:
-                self._unlist(neighbour)
-                if neighbour is block["prev"]:
-                    block["address"], block["prev"] = neighbour["address"], neighbour["prev"]
-                    if neighbour["prev"] is not None:
-                        neighbour["prev"]["next"] = block
-                else:
-                    block["next"] = neighbour["next"]
-                    if neighbour["next"] is not None:
-                        neighbour["next"]["prev"] = block
-                block["size"] += neighbour["size"]
-        self._list(block)
+        if block is not None:
+            self.requested -= block["requested"]
+        super().free(block)
 
 
 class DriverOrder(IndexedAllocator):

@@ -188,13 +188,7 @@ def run_chain(argv: list[str] | None) -> int:
     parser = cli.Parser(prog="chain.py", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--device", required=True, help="cuda:N, cuda, or all")
     parser.add_argument("--runs-dir", type=Path, default=run_folders.RUNS, help="default: runs/")
-    parser.add_argument(
-        "--workload",
-        type=workload_kinds.workload_argument,
-        default=workload_kinds.DEFAULT.argument,
-        metavar=workload_kinds.ARGUMENTS,
-        help=workload_kinds.HELP,
-    )
+    workload_kinds.add_option(parser, metavar=workload_kinds.ARGUMENTS, help=workload_kinds.HELP)
     args, flags = parser.parse_known_args(argv)
     if any(flag == HF_CONFIG or flag.startswith(f"{HF_CONFIG}=") for flag in flags):
         if args.workload != workload_kinds.DEFAULT.argument:

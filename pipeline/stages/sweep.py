@@ -79,12 +79,7 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
     kind = workload_kinds.of_argument(workload)
     parser = cli.Parser(prog="sweep.py", description=__doc__.splitlines()[0])
     parser.add_argument("--device", required=True, help="cuda or cuda:N")
-    parser.add_argument(
-        "--workload",
-        type=workload_kinds.workload_argument,
-        default=workload_kinds.DEFAULT.argument,
-        help=workload_kinds.HELP,
-    )
+    workload_kinds.add_option(parser, help=workload_kinds.HELP)
     parser.add_argument("--plan", help="a YAML plan under data/plans/ (instead of the flags)")
     if kind.file:  # batch or a dimension the function declares: checked later
         parser.add_argument("--vary", metavar="batch|DIMENSION")
@@ -110,9 +105,7 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The workload first, as it decides which configuration options exist."""
     peek = cli.Parser(prog="sweep.py", add_help=False, allow_abbrev=False)
-    peek.add_argument(
-        "--workload", type=workload_kinds.workload_argument, default=workload_kinds.DEFAULT.argument
-    )
+    workload_kinds.add_option(peek)
     kind = workload_kinds.of_argument(peek.parse_known_args(argv)[0].workload)
     args = build_parser(kind.argument).parse_args(argv)
     if workload_kinds.of_argument(args.workload) != kind:  # an abbreviation the peek missed

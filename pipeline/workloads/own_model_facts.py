@@ -61,9 +61,7 @@ def summarise(document: dict) -> dict:
     phases = document["phases"]
     warm = [row for row in phases if row["phase"] == "warm_step"]
     summary = {
-        "phases_completed": len(phases),
-        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
-        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
+        **phase_protocol.peaks_summary(phases),
         "warm_step_median_event_time_ns": (
             statistics.median(r["event_time_ns"] for r in warm) if warm else None
         ),

@@ -52,10 +52,8 @@ from pipeline.core.environment_capture import (
     collect_environment,
     environment_document,
     import_torch,
-    start_cuda_driver,
-    start_driver_query,
-    stop_cuda_driver,
 )
+from pipeline.core.measure_flow import EnvironmentStart, refuse_outputs, write_measurement
 from pipeline.core.phase_protocol import (
     CLOCKS,
     COUNTER_KEYS,
@@ -63,6 +61,7 @@ from pipeline.core.phase_protocol import (
     OutOfMemory,
     check_gpu,
     oom_summary,
+    peaks_summary,
     prediction_summary,
     run_phase,
     spread,
@@ -211,7 +210,7 @@ def print_estimate(result: dict) -> None:
 # ---------------------------------------------------------------- prediction (no GPU)
 
 
-# from allocator_model: AllocatorModel
+# from allocator_model: block_bytes, AllocatorModel
 
 
 def predict_phases(configuration: dict, library_blocks: list[dict]) -> list[dict]:
@@ -455,7 +454,7 @@ def reference_timing(torch, model, x) -> dict:
     }
 
 
-# from phase_protocol: run_phase
+# from phase_protocol: phase_row, run_phase
 
 
 def build_model(torch, width: int, dtype, seed: int, device):
@@ -559,7 +558,7 @@ def add_predictions(document: dict, library_blocks: list[dict]) -> None:
         row["harness_overhead_ns"] = row["wall_time_ns"] - row["event_time_ns"]
 
 
-# from phase_protocol: spread, prediction_summary
+# from phase_protocol: peaks_summary, spread, prediction_summary
 
 
 def summarise(document: dict, reference: dict | None = None) -> dict:
@@ -572,9 +571,7 @@ def summarise(document: dict, reference: dict | None = None) -> dict:
         "and the calibrated library blocks"
     )
     summary = {
-        "phases_completed": len(phases),
-        "largest_peak_allocated_bytes": max((r["peak_allocated_bytes"] for r in phases), default=0),
-        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in phases), default=0),
+        **peaks_summary(phases),
         "warm_forward_median_event_time_ns": None,
         "warm_forward_median_wall_time_ns": None,
         "prediction": prediction_summary(document, model),
@@ -614,26 +611,18 @@ def summarise(document: dict, reference: dict | None = None) -> dict:
 # from environment_capture: environment_document
 
 
+# from measure_flow: refuse_outputs, EnvironmentStart, write_measurement
+
+
 def measure(args: argparse.Namespace) -> int:
     """With --environment-output, the environment is written first, by this same process:
     a pipeline then pays CUDA start-up once per run, and a run refused for want of PyTorch
     or a GPU still leaves its diagnostic behind."""
     output = Path(args.output)
-    refuse_existing(output)
     environment_output = Path(args.environment_output) if args.environment_output else None
-    if environment_output is not None:
-        refuse_existing(environment_output)
-        if environment_output.resolve() == output.resolve():
-            raise UsageError("--environment-output and --output must be two files")
+    refuse_outputs({"--output": output, "--environment-output": environment_output})
     check_host_memory(args.width, args.dtype)
-    driver_query = start_driver_query()
-    cuda_driver = start_cuda_driver(args.device)
-    environment = collect_environment(
-        args.device, args.device_text, driver_query, args.process_start
-    )
-    stop_cuda_driver(cuda_driver)
-    if environment_output is not None:
-        write_result(environment_output, environment_document(environment))
+    environment = EnvironmentStart(args.device).record(args, environment_output)
     import_torch()  # the exit-2 guard, before the measurement is written
     document = {
         "schema": MEASUREMENT_SCHEMA,
@@ -660,11 +649,7 @@ def measure(args: argparse.Namespace) -> int:
         "phases": [],
     }
     exit_code = run_measurement(args, document)
-    write_result(output, document)
-    print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
-    if exit_code == EXIT_OOM:
-        failure = document["failure"]
-        print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)
+    write_measurement(output, document)
     return exit_code
 
 

@@ -51,10 +51,12 @@ def export(base: str, folder: Path) -> None:
 def estimate(tree: Path, workload: list[str]) -> tuple[float, bytes]:
     """(seconds, the JSON document without its created_utc line) of one fresh run."""
     config, *rest = workload
-    command = [sys.executable, str(tree / "pipeline" / "own_model.py"), "estimate",
+    script = tree / "pipeline" / "own_model.py"  # a tree from before the package's floors
+    program = [str(script)] if script.is_file() else ["-m", "pipeline.measuring.own_model"]
+    command = [sys.executable, *program, "estimate",
                "--hf-config", str(CONFIGS / config), *rest, "--gpu", "h200", "--json"]  # fmt: skip
     started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, check=False)
+    result = subprocess.run(command, capture_output=True, check=False, cwd=tree)
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         sys.exit(f"{tree}: estimate failed\n{result.stderr.decode()[-3000:]}")
