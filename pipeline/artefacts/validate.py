@@ -201,6 +201,15 @@ def _counter_facts(where: str, row: dict) -> list[str]:
     return errors
 
 
+def gpu_facts(gpu: dict, device: str) -> list[str]:
+    """A measurement names the GPU it measured, as its configuration's device."""
+    if not gpu["available"]:
+        return ["$.environment.gpu.available: a measurement needs the GPU it measured"]
+    if device != f"cuda:{gpu['index']}":
+        return [f"$.environment.gpu.index: {gpu['index']}, not {device}"]
+    return []
+
+
 def measurement_facts(document: dict) -> list[str]:
     """What the counters, the phase plan and the configuration imply together, each error with
     its JSON path: the phases run in the fixed order, then one warm_forward row per repetition;
@@ -245,13 +254,9 @@ def measurement_facts(document: dict) -> list[str]:
     shape = [configuration["batch"], configuration["context"], configuration["width"]]
     if configuration["input_shape"] != shape:
         errors.append("$.configuration.input_shape: not [batch, context, width]")
-    gpu = document["environment"]["gpu"]
     if not document["environment"]["torch"]["available"]:
         errors.append("$.environment.torch.available: a measurement needs the PyTorch it used")
-    if not gpu["available"]:
-        errors.append("$.environment.gpu.available: a measurement needs the GPU it measured")
-    elif configuration["device"] != f"cuda:{gpu['index']}":
-        errors.append(f"$.environment.gpu.index: {gpu['index']}, not {configuration['device']}")
+    errors += gpu_facts(document["environment"]["gpu"], configuration["device"])
     return errors + summary_facts(document["summary"], phases)
 
 
@@ -374,11 +379,7 @@ def decoder_facts(document: dict) -> list[str]:
     ]
     if not predicted_only:
         errors += decoder_prediction_facts(summary["prediction"], phases)
-        gpu = document["environment"]["gpu"]
-        if not gpu["available"]:
-            errors.append("$.environment.gpu.available: a measurement needs the GPU it measured")
-        elif configuration["device"] != f"cuda:{gpu['index']}":
-            errors.append(f"$.environment.gpu.index: {gpu['index']}, not {configuration['device']}")
+        errors += gpu_facts(document["environment"]["gpu"], configuration["device"])
     return errors
 
 

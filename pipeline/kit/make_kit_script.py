@@ -36,12 +36,12 @@ kit script that differs from what this makes. Standard library only.
 
 from __future__ import annotations
 
-import argparse
 import ast
-import os
 import re
 import sys
 from pathlib import Path
+
+from pipeline.kit import generated
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT_SCRIPT = Path("pipeline/mesure_memoire.py")
@@ -247,29 +247,9 @@ def render(root: Path = ROOT) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="make_kit_script.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the kit script is stale")
-    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    target = args.root / KIT_SCRIPT
-    try:
-        data = render(args.root)
-    except (OSError, SyntaxError, KitSourceError) as exc:
-        print(f"make_kit_script.py: error: {exc}", file=sys.stderr)
-        return 2
-    if target.is_file() and target.read_bytes() == data:
-        print(f"{KIT_SCRIPT}: up to date")
-        return 0
-    if args.check:
-        print(
-            f"make_kit_script.py: {KIT_SCRIPT} is stale: run python -m pipeline.kit.make_kit_script"
-        )
-        return 1
-    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    temp.write_bytes(data)
-    os.replace(temp, target)  # a generated source, like the notebook: replaced whole
-    print(f"{KIT_SCRIPT}: written")
-    return 0
+    description = " ".join(__doc__.split("\n\n")[0].split())  # its first paragraph
+    errors = (OSError, SyntaxError, KitSourceError)
+    return generated.main("make_kit_script.py", description, KIT_SCRIPT, render, errors, ROOT, argv)
 
 
 if __name__ == "__main__":

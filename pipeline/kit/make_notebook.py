@@ -17,14 +17,13 @@ byte-for-byte stable. Standard library only.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import importlib.util
 import json
-import os
 import re
-import sys
 from pathlib import Path
+
+from pipeline.kit import generated
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path("pipeline/mesure_memoire.py")
@@ -417,27 +416,9 @@ def render(root: Path = ROOT) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="make_notebook.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the notebook is stale")
-    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    target = args.root / NOTEBOOK
-    try:
-        data = render(args.root)
-    except (OSError, SyntaxError, SystemExit, StaleNotebook) as exc:
-        print(f"make_notebook.py: error: {exc}", file=sys.stderr)
-        return 2
-    if target.is_file() and target.read_bytes() == data:
-        print(f"{NOTEBOOK}: up to date")
-        return 0
-    if args.check:
-        print(f"make_notebook.py: {NOTEBOOK} is stale: run python -m pipeline.kit.make_notebook")
-        return 1
-    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    temp.write_bytes(data)
-    os.replace(temp, target)  # a generated source, like a formatter's output: replaced whole
-    print(f"{NOTEBOOK}: written")
-    return 0
+    description = " ".join(__doc__.split("\n\n")[0].split())  # its first paragraph
+    errors = (OSError, SyntaxError, SystemExit, StaleNotebook)
+    return generated.main("make_notebook.py", description, NOTEBOOK, render, errors, ROOT, argv)
 
 
 if __name__ == "__main__":

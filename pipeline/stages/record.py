@@ -118,18 +118,21 @@ def text(value) -> str:
     return str(value)
 
 
+def first_walls(phases: list[dict]):
+    """The wall time of each phase's first row as a log writes it: "" for a phase not run."""
+    first: dict[str, dict] = {}
+    for row in phases:
+        first.setdefault(row["phase"], row)
+    return lambda name: str(first[name]["wall_time_ns"]) if name in first else ""
+
+
 def build_decoder_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str) -> dict:
     """The decoder log's columns from a validated decoder measurement.json: the kit's
     columns where they mean the same (context: the positions the cache holds), the seed
     network's phase times and repeats empty, then the decoder's own."""
     configuration = measurement["configuration"]
     summary, shape = measurement["summary"], configuration["shape"]
-    first_rows: dict[str, dict] = {}
-    for phase in measurement["phases"]:
-        first_rows.setdefault(phase["phase"], phase)
-
-    def wall(name: str) -> str:
-        return str(first_rows[name]["wall_time_ns"]) if name in first_rows else ""
+    wall = first_walls(measurement["phases"])
 
     timing = summary["timing"] or {}
     decode = [row["wall_time_ns"] for row in measurement["phases"] if row["phase"] == "decode"]
@@ -175,12 +178,7 @@ def build_own_model_row(run_id: str, data: bytes, measurement: dict, protocol_sh
     what was run (the file's name and SHA-256, never its path), and what was predicted."""
     configuration, workload = measurement["configuration"], measurement["workload"]
     summary = measurement["summary"]
-    first_rows: dict[str, dict] = {}
-    for phase in measurement["phases"]:
-        first_rows.setdefault(phase["phase"], phase)
-
-    def wall(name: str) -> str:
-        return str(first_rows[name]["wall_time_ns"]) if name in first_rows else ""
+    wall = first_walls(measurement["phases"])
 
     by_counter = summary["prediction"].get("by_counter")
     parameters = workload["parameters"] or {}
