@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import enum
 import json
 import os
 import platform
@@ -130,6 +131,19 @@ PHASES_DOC = {
     "warmup": "all warm-up passes together, one row",
     "warm_forward": "one row per timed repetition after warm-up",
 }
+
+
+class RunStatus(str, enum.Enum):
+    """How a measurement run ended (the document's `status`). The kit writes the first two;
+    the pipeline's own-model runs and `estimate --json` files the other two."""
+
+    COMPLETED = "completed"
+    OUT_OF_MEMORY = "out_of_memory"  # the file is written; exit 3
+    FAILED = "failed"  # the user's workload code raised: kept, never recorded as a measurement
+    PREDICTED = "predicted"  # `estimate --json`: no GPU ran, the counters are a prediction
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class UsageError(Exception):
@@ -1009,7 +1023,7 @@ def run_measurement(args: argparse.Namespace, document: dict) -> int:
     try:
         model, x = measure_phases(torch, args, device, document["phases"])
     except OutOfMemory as oom:
-        document["status"] = "out_of_memory"
+        document["status"] = RunStatus.OUT_OF_MEMORY
         document["failure"] = {
             "phase": oom.row["phase"],
             "repetition": oom.row.get("repetition"),
@@ -1023,7 +1037,7 @@ def run_measurement(args: argparse.Namespace, document: dict) -> int:
         add_predictions(document, [])
         document["summary"] = summarise(document)
         return EXIT_OOM
-    document["status"] = "completed"
+    document["status"] = RunStatus.COMPLETED
     document["calibration"] = calibrate_library_blocks(torch, device, model, x)
     reference = reference_timing(torch, model, x) if args.reference_timing else None
     add_predictions(document, document["calibration"]["blocks"])
@@ -1171,7 +1185,7 @@ def write_measurement(output: Path, document: dict) -> None:
     GPU ran out of memory: where, and PyTorch's words)."""
     write_result(output, document)
     print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
-    if document["status"] == "out_of_memory":
+    if document["status"] == RunStatus.OUT_OF_MEMORY:
         failure = document["failure"]
         print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)
 

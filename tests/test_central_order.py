@@ -8,6 +8,7 @@ import itertools
 
 from pipeline.predicting import segment_order as so
 from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace_prediction import PredictionStatus
 
 MiB = so.MiB
 
@@ -68,5 +69,5 @@ def test_model_and_plain_disagreeing_is_never_exact():
     (row,) = prediction.rows
     assert row["reserved_bytes"] == 52 * MiB
     assert prediction.address_orders["largest_difference_bytes"]["reserved_bytes"] == 30 * MiB
-    assert prediction.status == tp.APPROXIMATE
+    assert prediction.status == PredictionStatus.APPROXIMATE
     assert [entry["op"] for entry in prediction.unknown] == [tp.ADDRESS_ORDER]

@@ -17,6 +17,7 @@ from pipeline import mesure_memoire
 from pipeline.artefacts import validate
 from pipeline.measuring import own_model
 from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace_prediction import PredictionStatus
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -109,7 +110,9 @@ def test_published_and_other_families_trace_without_a_gpu(capsys, tmp_path, name
         capsys, written(tmp_path, config), "--task", task, "--dtype", dtype, sequence=sequence
     )
     prediction = document["prediction"]
-    assert prediction["status"] == tp.APPROXIMATE, prediction.get("reason")  # never "exact"
+    assert prediction["status"] == PredictionStatus.APPROXIMATE, prediction.get(
+        "reason"
+    )  # never "exact"
     assert prediction["unknown"]  # and says why
     record = document["workload"]
     assert record["file"] == "config.json"
@@ -152,7 +155,7 @@ def test_lora_trains_the_adapters_only(capsys, tmp_path):
     full = estimate(capsys, path, "--task", "training")["prediction"]["phases"]
     lora = estimate(capsys, path, "--task", "lora", "--lora-rank", "4")
     assert lora["workload"]["dimensions"]["lora_rank"] == 4
-    assert lora["prediction"]["status"] == tp.APPROXIMATE
+    assert lora["prediction"]["status"] == PredictionStatus.APPROXIMATE
     # AdamW's state: two moments per trainable value, the adapters only
     growth = lambda rows: rows[3]["allocated_bytes"] - rows[3]["baseline_allocated_bytes"]  # noqa: E731
     assert 0 < growth(lora["prediction"]["phases"]) < growth(full) / 4
@@ -269,4 +272,4 @@ def test_measure_runs_the_same_workload_with_its_prediction_beside(tmp_path):
     assert (record["file"], record["function"]) == ("config.json", "training")
     assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert record["phases_run"] == record["phases_planned"]
-    assert document["prediction"]["status"] == tp.APPROXIMATE
+    assert document["prediction"]["status"] == PredictionStatus.APPROXIMATE

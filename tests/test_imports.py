@@ -139,6 +139,7 @@ def test_validate_reads_the_stages_facts_from_below_them():
     assert PACKAGE["pipeline.workloads.own_model_facts"] <= {
         core("allocator_model"),
         core("phase_protocol"),
+        core("run_status"),
         "pipeline.predicting.trace_prediction",
     }
     assert PACKAGE[core("workload_contract")] == set()  # the workload's contract: a leaf
@@ -146,7 +147,8 @@ def test_validate_reads_the_stages_facts_from_below_them():
 
 
 def test_the_leaves_of_the_core_import_nothing():
-    for leaf in ("call_keys", "torch_private", "workload_kinds", "arguments", "allocator_model"):
+    leaves = ("call_keys", "torch_private", "workload_kinds", "arguments", "allocator_model")
+    for leaf in (*leaves, "run_status"):
         assert PACKAGE[core(leaf)] == set(), leaf
     assert PACKAGE["pipeline.workloads.decoder_shape"] == set()  # standard library only
     assert (

@@ -26,6 +26,7 @@ from pipeline import mesure_memoire
 from pipeline.artefacts import validate
 from pipeline.measuring import own_model
 from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace_prediction import PredictionStatus
 
 torch = pytest.importorskip("torch")
 REGISTRY = validate.load_registry()
@@ -843,7 +844,7 @@ def test_without_cpp_frames_the_calls_made_in_place_are_named_as_unknown(monkeyp
     monkeypatch.setattr(tp, "cpp_caller", lambda entry: None)
     unnamed = tp.run_trace(torch, "meta", drive)
     prediction = tp.predict(unnamed)
-    assert prediction.status == tp.APPROXIMATE
+    assert prediction.status == PredictionStatus.APPROXIMATE
     assert note in prediction.unknown
     sizes = [
         collections.Counter(n for kind, n, _ in tp.predict(t).log if kind == "alloc")
@@ -886,7 +887,7 @@ def test_a_choice_between_blocks_of_one_size_in_two_segments_makes_it_approximat
     spread = dict.fromkeys(mesure_memoire.COUNTER_KEYS, 0)
     spread.update(reserved_bytes=22 * MIB, peak_reserved_bytes=22 * MIB)
     assert prediction.address_orders == {"orders": 9, "largest_difference_bytes": spread}
-    assert prediction.status == tp.APPROXIMATE
+    assert prediction.status == PredictionStatus.APPROXIMATE
     (unknown,) = prediction.unknown
     assert unknown["op"] == tp.ADDRESS_ORDER
     assert "move by up to 23,068,672 bytes (reserved, peak_reserved)" in unknown["why"]

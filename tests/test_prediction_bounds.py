@@ -16,6 +16,7 @@ from pipeline.artefacts import validate
 from pipeline.measuring import own_model
 from pipeline.predicting import gpu_calibration
 from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace_prediction import PredictionStatus
 
 PROBES = RUNS / "20261203T212500Z-h200-probes"
 MIB = 2**20
@@ -42,7 +43,7 @@ def one_operator_trace(name: str = "aten.foo.default", nbytes: int = MIB) -> tp.
 
 def test_an_uncalibrated_operator_is_bounded_by_its_outputs_and_the_scratch_rule():
     prediction = tp.predict(one_operator_trace())
-    assert prediction.status == tp.APPROXIMATE
+    assert prediction.status == PredictionStatus.APPROXIMATE
     (row,) = prediction.bounds
     low, high = row["peak_allocated_bytes"]
     assert low == MIB  # its output only
@@ -84,7 +85,7 @@ def test_an_attention_left_whole_may_build_the_math_kernels_causal_mask_in_the_s
 def test_a_calibrated_operator_leaves_nothing_to_bound():
     calibration = tp.Calibration(output_only={"k"})
     prediction = tp.predict(one_operator_trace(), calibration)
-    assert prediction.status == tp.EXACT
+    assert prediction.status == PredictionStatus.EXACT
     assert prediction.bounds is None
     assert prediction.unbounded is None
 
@@ -256,7 +257,7 @@ def test_a_value_dependent_operators_probe_is_neither_least_nor_most():
     trace.signatures["k"].leaves = [tensor_leaf(MIB), indices, 1000, -1, False]
     template = [("internal", 0, 2 * MIB), ("output", 0, MIB), ("free", 0)]
     prediction = tp.predict(trace, tp.Calibration(templates={"k": template}))
-    assert prediction.status == tp.APPROXIMATE
+    assert prediction.status == PredictionStatus.APPROXIMATE
     assert prediction.rows[0]["peak_allocated_bytes"] == 3 * MIB  # the probe's own case
     ((low, high),) = [row["peak_allocated_bytes"] for row in prediction.bounds]
     assert low == MIB

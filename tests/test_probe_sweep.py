@@ -63,9 +63,31 @@ def test_points_are_checked_by_the_estimates_own_parser(tmp_path):
     ]
 
 
+def test_a_decoder_line_is_read_by_the_decoders_parser_and_traced_as_it_measures():
+    """`NAME decoder ARGS`: decoder.py estimate's arguments; the trace is the one its
+    measure makes (model_load, inputs_and_cache, prefill, decode rows), and the calls the
+    trace cannot cover without a probe (the RMSNorm's vector norm, the products) are the
+    ones recorded."""
+    line = "d decoder --layers 1 --width 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 512"
+    line += " --prompt 8 --new-tokens 3 --dtype float16\n"
+    [(name, argv)] = probe_sweep.read_points(line)
+    assert (name, argv[0], argv[-1]) == ("d", "decoder", "float16")
+    trace, stopped = probe_sweep.trace_point(torch, argv, probe_sweep.TARGETS["h200"])
+    assert stopped is None
+    phases = [event[1] for event in trace.events if event[0] == "start"]
+    assert phases == ["model_load", "inputs_and_cache", "prefill", "warmup", "decode"]
+    names = {entry["name"] for entry in probe_sweep.recorded(trace).values()}
+    assert "aten.linalg_vector_norm.default" in names
+    assert "aten.linear.default" in names or "aten.mm.default" in names
+    leaves = " ".join(entry["leaves"] for entry in probe_sweep.recorded(trace).values())
+    assert "float16" in leaves
+
+
 @pytest.mark.parametrize(
     ("text", "said"),
     [
+        ("a decoder --layers 2 --heads 4 --kv-heads 3\n", "line 1 (a): "),
+        ("a decoder --preset no-such-model\n", "line 1 (a): argument --preset"),
         ("a --workload m.py:f\na --workload m.py:f\n", "line 2: a named twice"),
         ("../a --workload m.py:f\n", "line 1: '../a' is not a usable file name"),
         ("a --workload m.py:f --batch two\n", "line 1 (a): argument --batch"),

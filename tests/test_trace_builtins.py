@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace_prediction import PredictionStatus
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -153,7 +154,7 @@ def test_torch_nn_modules_trace_without_a_gpu(name, training, dtype):
     trace = tp.run_trace(torch, "meta", protocol(MODULES[name], "meta", dtype, training))
     assert trace.stopped is None
     prediction = tp.predict(trace)
-    assert prediction.status == tp.APPROXIMATE  # no calibration: never "exact"
+    assert prediction.status == PredictionStatus.APPROXIMATE  # no calibration: never "exact"
     assert len(prediction.rows) == (5 if training else 4)
     assert prediction.rows[-1]["peak_allocated_bytes"] > 0
 

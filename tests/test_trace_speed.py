@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from pipeline import mesure_memoire as mm
 from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace_prediction import PredictionStatus
 
 torch = pytest.importorskip("torch")
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
@@ -109,7 +110,7 @@ def test_predict_replays_other_orders_only_when_a_choice_was_made(monkeypatch):
     monkeypatch.setattr(tp, "replay", counted)
     trace = tp.Trace(device="meta", build="cpu-only", torch_version="")
     trace.events += [("start", "one", None, 1), ("unseen", 0, 4 * MIB), ("end",)]
-    assert tp.predict(trace).status == tp.EXACT
+    assert tp.predict(trace).status == PredictionStatus.EXACT
     assert replays == {False: 1}
 
 

@@ -47,7 +47,9 @@ except ImportError as exc:  # the GPU host's Python may lack them: say what to i
     raise SystemExit(2) from None
 
 from pipeline.core import cli, phase_protocol, workload_kinds
+from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
+from pipeline.predicting.trace_prediction import PredictionStatus
 from pipeline.workloads import decoder_rules, seed_network
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,11 +224,11 @@ def measurement_facts(document: dict) -> list[str]:
     repeats = configuration["repeats"]
     expected = [*seed_network.FIXED_PHASES, *(["warm_forward"] * repeats)]
     names = [row["phase"] for row in phases]
-    if document["status"] == "completed" and names != expected:
+    if document["status"] == RunStatus.COMPLETED and names != expected:
         errors.append(
             f"$.phases: {len(names)} rows, expected {len(expected)} for repeats={repeats}"
         )
-    if document["status"] == "out_of_memory":
+    if document["status"] == RunStatus.OUT_OF_MEMORY:
         failure = document["failure"]
         counters = failure["counters_after_failure"]
         errors += _counter_facts("$.failure.counters_after_failure", counters)
@@ -318,7 +320,7 @@ def decoder_facts(document: dict) -> list[str]:
     and a summary that says what the rows say."""
     errors = []
     phases, configuration = document["phases"], document["configuration"]
-    predicted_only = document["status"] == "predicted"
+    predicted_only = document["status"] == RunStatus.PREDICTED
     for i, row in enumerate(phases):
         if not predicted_only:
             errors += _counter_facts(f"$.phases[{i}]", row)
@@ -332,7 +334,7 @@ def decoder_facts(document: dict) -> list[str]:
         (r["phase"], r.get("repetition"), r["tokens"], r["passes"], r["first_position"])
         for r in phases
     ]
-    if document["status"] == "out_of_memory":
+    if document["status"] == RunStatus.OUT_OF_MEMORY:
         failure = document["failure"]
         errors += _counter_facts(
             "$.failure.counters_after_failure", failure["counters_after_failure"]
@@ -424,7 +426,7 @@ def calibration_run_facts(document: dict) -> list[str]:
     """A decoder measurement's calibration was measured on the GPU model and PyTorch it ran
     with: kernels' own blocks belong to one GPU model and one PyTorch."""
     calibration = document["prediction"]["calibration"]
-    if calibration is None or document["status"] == "predicted":
+    if calibration is None or document["status"] == RunStatus.PREDICTED:
         return []
     ran = {
         "gpu": document["environment"]["gpu"].get("name"),
@@ -475,7 +477,7 @@ def sweep_facts(document: dict) -> list[str]:
     runs = [point["run"] for point in points]
     if len(set(runs)) != len(runs):
         errors.append("$.points: a run folder is named twice")
-    completed = [point for point in points if point["status"] == "completed"]
+    completed = [point for point in points if point["status"] == RunStatus.COMPLETED]
     if document["largest_fitted"] != (completed[-1] if completed else None):
         errors.append("$.largest_fitted: not the last completed point of $.points")
     return errors
@@ -520,7 +522,7 @@ def hf_zoo_point_facts(where: str, point: dict) -> list[str]:
     if comparison["bounds_checked"] != checked or listed != broken:
         errors.append(f"{where}.comparison: bounds checked or broken are not its phases' own")
     verdicts = []
-    if prediction["status"] == "exact":
+    if prediction["status"] == PredictionStatus.EXACT:
         verdicts.append("exact_held" if equal else "false_exact")
     if checked:
         verdicts.append("bounds_broken" if broken else "bounds_held")

@@ -19,6 +19,7 @@ from pipeline.core.environment_capture import (
     start_driver_query,
     stop_cuda_driver,
 )
+from pipeline.core.run_status import RunStatus
 from pipeline.core.writers import refuse_existing, write_result
 
 
@@ -59,6 +60,6 @@ def write_measurement(output: Path, document: dict) -> None:
     GPU ran out of memory: where, and PyTorch's words)."""
     write_result(output, document)
     print(f"{output}: {document['status']}, {len(document['phases'])} phase rows")
-    if document["status"] == "out_of_memory":
+    if document["status"] == RunStatus.OUT_OF_MEMORY:
         failure = document["failure"]
         print(f"out of memory in phase {failure['phase']}: {failure['error']}", file=sys.stderr)

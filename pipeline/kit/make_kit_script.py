@@ -6,7 +6,8 @@ and this generator writes the kit's file from it, as make_notebook.py writes the
 from the kit's file:
 
 - the core, standard library only: arguments.py (UsageError, the value parsers),
-  allocator_model.py, phase_protocol.py, environment_capture.py, writers.py;
+  run_status.py, allocator_model.py, phase_protocol.py, environment_capture.py, writers.py,
+  measure_flow.py;
 - the kit's own part, seed_network.py: the synthetic network, its commands and its command
   line, a module that imports the core and runs as the kit does.
 
@@ -49,6 +50,7 @@ OWN_PART = Path("pipeline/workloads/seed_network.py")
 # The core the kit carries, in the order a reader meets it: each a module of pipeline/core/.
 CORE = (
     "arguments",
+    "run_status",
     "allocator_model",
     "phase_protocol",
     "environment_capture",

@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 from pipeline.core import (
@@ -43,6 +44,7 @@ from pipeline.core import (
     phase_protocol,
     writers,
 )
+from pipeline.core.run_status import RunStatus
 from pipeline.workloads.decoder_rules import (  # noqa: F401 (decoder.SCHEMA, decoder.row_plan... stay)
     CALIBRATION_SCHEMA,
     SCHEMA,
@@ -792,7 +794,7 @@ def predicted_document(shape: Shape, preset: str | None, run: dict, calibration)
         "schema": SCHEMA,
         "tool": TOOL,
         "created_utc": writers.utc_now(),
-        "status": "predicted",
+        "status": RunStatus.PREDICTED,
         "configuration": configuration_record(shape, preset, run, None, None),
         "model": describe_model(shape, preset, run["dtype"], None),
         "cache": describe_cache(shape, run),
@@ -907,14 +909,14 @@ def print_prediction(document: dict) -> None:
 # ---------------------------------------------------------------- measure (GPU)
 
 
-def measure_rows(torch, shape: Shape, run: dict, seed: int, device, phases: list):
-    """Every phase under phase_protocol.run_phase, each row appended as soon as it is read.
-    Returns the state for the attention-backend question. Raises OutOfMemory at the phase
-    that ran out."""
+def measure_rows(torch, shape: Shape, run: dict, seed: int, device, phases: list, phase=None):
+    """Every phase with `phase` (phase_protocol.run_phase on the GPU, the default; a
+    trace's Tracer.phase without one), each row appended as soon as it is read. Returns the
+    state for the attention-backend question. Raises OutOfMemory at the phase that ran out."""
     from pipeline.workloads import decoder_model
 
-    cuda, dtype = torch.cuda, getattr(torch, run["dtype"])
-    run_phase = phase_protocol.run_phase
+    dtype = getattr(torch, run["dtype"])
+    phase = phase or partial(phase_protocol.run_phase, torch.cuda, device)
 
     def note(row: dict, tokens: int, first: int) -> dict:
         row["tokens"] = tokens
@@ -922,25 +924,21 @@ def measure_rows(torch, shape: Shape, run: dict, seed: int, device, phases: list
         return row
 
     with torch.inference_mode():
-        row, weights = run_phase(
-            cuda,
-            device,
+        row, weights = phase(
             "model_load",
             lambda: decoder_model.make_weights(shape, dtype, device, seed),
             passes=0,
         )
         phases.append(note(row, 0, 0))
-        row, state = run_phase(
-            cuda,
-            device,
+        row, state = phase(
             "inputs_and_cache",
             lambda: decoder_model.State(shape, run, dtype, device, seed),
             passes=0,
         )
         phases.append(note(row, 0, 0))
         holder: list = []
-        for phase, repetition, first, count in row_plan(run):
-            if phase == "prefill":
+        for name, repetition, first, count in row_plan(run):
+            if name == "prefill":
 
                 def operation() -> None:
                     decoder_model.prefill(shape, weights, state, holder)
@@ -952,9 +950,21 @@ def measure_rows(torch, shape: Shape, run: dict, seed: int, device, phases: list
                     decoder_model.decode(shape, weights, state, holder, first, count)
 
                 passes = count
-            row = run_phase(cuda, device, phase, operation, repetition, passes)[0]
+            row = phase(name, operation, repetition, passes)[0]
             phases.append(note(row, count, first))
     return state
+
+
+def trace(torch, shape: Shape, run: dict, seed: int, target):
+    """The decoder traced on the meta device as `target` (an attention_choice.TargetGpu) runs
+    it, through the driver `measure` itself uses: the trace's prediction of a decoder run
+    (tests/benchmarks/decoder_by_trace.py) and the calls a probe sweep probes for it."""
+    from pipeline.predicting import trace_prediction
+
+    def drive(phase) -> None:
+        measure_rows(torch, shape, run, seed, torch.device("meta"), [], phase=phase)
+
+    return trace_prediction.run_trace(torch, "meta", drive, target=target)
 
 
 def add_predictions(document: dict, shape: Shape, run: dict, calibration) -> None:
@@ -1042,7 +1052,7 @@ def run_measurement(args, document: dict, shape: Shape, run: dict) -> int:
     try:
         state = measure_rows(torch, shape, run, args.seed, device, document["phases"])
     except phase_protocol.OutOfMemory as oom:
-        document["status"] = "out_of_memory"
+        document["status"] = RunStatus.OUT_OF_MEMORY
         document["failure"] = {
             "phase": oom.row["phase"],
             "repetition": oom.row.get("repetition"),
@@ -1054,7 +1064,7 @@ def run_measurement(args, document: dict, shape: Shape, run: dict) -> int:
         return cli.OUT_OF_MEMORY
     from pipeline.workloads import decoder_model
 
-    document["status"] = "completed"
+    document["status"] = RunStatus.COMPLETED
     with torch.inference_mode():
         document["measured_attention_backend"] = decoder_model.attention_backends(
             shape, state, run["batch"]

@@ -52,8 +52,10 @@ from pipeline.core import (
     torch_private,
     writers,
 )
+from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_contract import Configuration, Workload, WorkloadFile
 from pipeline.predicting import gpu_calibration, trace_prediction
+from pipeline.predicting.trace_prediction import PredictionStatus
 from pipeline.workloads import seed_network
 from pipeline.workloads.own_model_facts import (  # noqa: F401 (own_model.document_facts, own_model.SCHEMA... stay)
     SCHEMA,
@@ -614,7 +616,7 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
     if history is not None:
         gpu.history(torch, True)
     torch.manual_seed(setting.seed)
-    status, failure = "completed", None
+    status, failure = RunStatus.COMPLETED, None
     try:
         drive(
             torch, partial(phase_protocol.run_phase, runtime, device), function,
@@ -622,7 +624,7 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
             rows, facts, (runtime.OutOfMemoryError,),
         )  # fmt: skip
     except phase_protocol.OutOfMemory as oom:
-        status = "out_of_memory"
+        status = RunStatus.OUT_OF_MEMORY
         failure = {
             "phase": oom.row["phase"],
             "repetition": oom.row.get("repetition"),
@@ -630,7 +632,7 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
             "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
         }
     except UserCodeError as exc:
-        status = "failed"
+        status = RunStatus.FAILED
         traceback.print_exception(exc.original)
         failure = user_failure(exc)
     if history is not None:
@@ -639,7 +641,7 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
     document["workload"] = workload_record(setting, facts or traced[1], rows)
     if failure is not None:
         document["failure"] = failure
-    if status == "failed":
+    if status == RunStatus.FAILED:
         return cli.INVALID
     gc.collect()  # the workload's tensors go before the probes need room
     trace, calibration = traced[0], None
@@ -652,7 +654,7 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
         traceback.print_exc()
         document.pop("calibration", None)
         reason = f"the calibration or the replay failed ({type(exc).__name__}): not predicted"
-        prediction = trace_prediction.Prediction(trace_prediction.NOT_PREDICTED, [], [], [], reason)
+        prediction = trace_prediction.Prediction(PredictionStatus.NOT_PREDICTED, [], [], [], reason)
     if history is not None:
         history["replay"] = prediction.log
         if prediction.rows:  # replayed again under this GPU's own order of segment addresses
@@ -664,7 +666,7 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
         row["harness_overhead_ns"] = row["wall_time_ns"] - row["event_time_ns"]
     document["summary"] = summarise(document)
     compare(document)
-    return cli.OUT_OF_MEMORY if status == "out_of_memory" else cli.OK
+    return cli.OUT_OF_MEMORY if status == RunStatus.OUT_OF_MEMORY else cli.OK
 
 
 def user_failure(exc: UserCodeError) -> dict:
@@ -764,7 +766,7 @@ def measure(args, gpu: Gpu) -> int:
     }
     if failed is not None:
         traceback.print_exception(failed.original)
-        document["status"] = "failed"
+        document["status"] = RunStatus.FAILED
         document["workload"] = workload_record(setting, {}, [])
         document["failure"] = user_failure(failed)
         code = cli.INVALID
@@ -821,7 +823,7 @@ def estimate(args) -> int:
         "schema": SCHEMA,
         "tool": TOOL,
         "created_utc": writers.utc_now(),
-        "status": "predicted",
+        "status": RunStatus.PREDICTED,
         "configuration": configuration_record(setting, trace.device),
         "workload": workload_record(setting, facts, []),
         "phase_scopes": PHASE_SCOPES,

@@ -5,7 +5,9 @@
 
 POINTS.txt holds one workload a line, `#` starting a comment: `NAME ESTIMATE-ARGUMENTS...`,
 the arguments `own_model.py estimate` takes (`--hf-config FILE --task training --batch 2
---dim sequence=512 --dtype bfloat16`, or `--workload FILE:FUNC ...`).
+--dim sequence=512 --dtype bfloat16`, or `--workload FILE:FUNC ...`), or `NAME decoder
+ARGUMENTS...` with those of `decoder.py estimate` (`--preset llama-3.1-8b --batch 8 --prompt
+4096 --new-tokens 2`): the decoder traced through the phase driver its `measure` runs.
 
 Each workload is traced as `estimate --gpu GPU` traces it without a GPU (on the meta device,
 the GPU's attention rule choosing the kernel), so the probes cover exactly the calls such an
@@ -31,15 +33,27 @@ import time
 from pathlib import Path
 
 from pipeline.core import cli, environment_capture, writers
-from pipeline.measuring import own_model
+from pipeline.measuring import decoder, own_model
 from pipeline.predicting import attention_choice, gpu_calibration, trace_prediction
 
 PROG = "probe_sweep.py"
 TARGETS = {"h200": attention_choice.H200}
 
 
+DECODER = "decoder"  # a points line's first argument for decoder.py's model
+
+
+def parsed(argv: list[str]):
+    """A line's arguments, read by the parser of the estimate they are given to."""
+    if argv[:1] == [DECODER]:
+        args = decoder.build_parser().parse_args(["estimate", *argv[1:]])
+        decoder.shape_from_args(args), decoder.run_configuration(args)  # their usage errors
+        return args
+    return own_model.build_parser().parse_args(["estimate", *argv])
+
+
 def read_points(text: str) -> list[tuple[str, list[str]]]:
-    """(NAME, estimate arguments) per line; each checked by own_model's own parser."""
+    """(NAME, estimate arguments) per line; each checked by its estimate's own parser."""
     points, names = [], set()
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -51,7 +65,7 @@ def read_points(text: str) -> list[tuple[str, list[str]]]:
         if name in names:
             raise cli.UsageError(f"line {number}: {name} named twice")
         try:
-            own_model.build_parser().parse_args(["estimate", *argv])
+            parsed(argv)
         except cli.UsageError as exc:
             raise cli.UsageError(f"line {number} ({name}): {exc}") from None
         names.add(name)
@@ -71,8 +85,14 @@ def recorded(trace: trace_prediction.Trace) -> dict:
 
 
 def trace_point(torch, argv: list[str], target):
-    """The trace `own_model.py estimate ARGV --gpu` makes, on meta whatever this machine has."""
-    setting = own_model.setting_from(own_model.build_parser().parse_args(["estimate", *argv]))
+    """The trace `own_model.py estimate ARGV --gpu` makes, on meta whatever this machine has
+    (for a decoder line, the trace of the run `decoder.py measure` makes)."""
+    args = parsed(argv)
+    if argv[:1] == [DECODER]:
+        shape, _ = decoder.shape_from_args(args)
+        trace = decoder.trace(torch, shape, decoder.run_configuration(args), 0, target)
+        return (None, trace.stopped) if trace.stopped else (trace, None)
+    setting = own_model.setting_from(args)
     own_model.load(setting)
     trace, _, failure = own_model.trace_workload(torch, setting, 0, target, device="meta")
     if failure is not None:

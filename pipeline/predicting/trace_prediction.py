@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import enum
 import hashlib
 import itertools
 import math
@@ -44,7 +45,19 @@ import weakref
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
 from pipeline.predicting import kernel_formulas, reduce_scratch, segment_order
 
-EXACT, APPROXIMATE, NOT_PREDICTED = "exact", "approximate", "not predicted"
+
+class PredictionStatus(str, enum.Enum):
+    """How far a prediction can be trusted (a measurement's `prediction.status`); an enum of
+    str, so a document read back from JSON compares equal to it."""
+
+    EXACT = "exact"  # everything it used is covered: it must equal the GPU to the byte
+    APPROXIMATE = "approximate"  # something is not covered: it names what, with bounds
+    NOT_PREDICTED = "not predicted"  # the trace could not follow the code: it says where
+
+    def __str__(self) -> str:
+        return self.value
+
+
 CALLER, AUTOGRAD = "caller", "autograd"  # the thread that ran an operator (see Recorder.role)
 
 # Operators whose CUDA kernels allocate their outputs and nothing else (TensorIterator
@@ -1572,7 +1585,7 @@ def kept_blocks(events: list[dict]) -> set:
 
 @dataclasses.dataclass
 class Prediction:
-    status: str
+    status: PredictionStatus
     rows: list
     unknown: list  # [{"op", "calls", "why"}]
     log: list  # the replayed allocations and frees, to compare with a GPU's history
@@ -1586,7 +1599,7 @@ class Prediction:
 def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
     """The six counters of every traced phase, and how far they can be trusted."""
     if trace.stopped is not None:
-        return Prediction(NOT_PREDICTED, [], [], [], reason=trace.stopped)
+        return Prediction(PredictionStatus.NOT_PREDICTED, [], [], [], reason=trace.stopped)
     allocator = DriverOrder()
     rows, log, mismatches, per_thread_used = replay(trace, calibration, allocator=allocator)
     unknown = assess(trace, calibration, mismatches, per_thread_used)
@@ -1594,7 +1607,7 @@ def predict(trace: Trace, calibration: Calibration | None = None) -> Prediction:
     if any(spread.values()):
         unknown.append({"op": ADDRESS_ORDER, "calls": 0, "why": address_order_why(spread)})
     prediction = Prediction(
-        EXACT if not unknown else APPROXIMATE,
+        PredictionStatus.APPROXIMATE if unknown else PredictionStatus.EXACT,
         rows,
         unknown,
         log,

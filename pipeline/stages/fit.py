@@ -28,7 +28,9 @@ from typing import NamedTuple
 from pipeline import calcul_forfaits
 from pipeline.artefacts import validate
 from pipeline.core import cli, run_folders, workload_kinds
+from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
+from pipeline.predicting.trace_prediction import PredictionStatus
 
 GIB = 2**30
 # The names PyTorch gives catalogue models where they differ from the catalogue's own name,
@@ -171,7 +173,7 @@ def own_model_text(document: dict) -> str:
 def own_model_prediction_note(document: dict) -> str:
     """What the traced prediction beside an own-model measurement is worth."""
     prediction = document["summary"]["prediction"]
-    if prediction["status"] == "not predicted":
+    if prediction["status"] == PredictionStatus.NOT_PREDICTED:
         return "its traced prediction: not predicted (the trace could not follow the code)"
     unknown = ", ".join(entry["op"] for entry in document["prediction"]["unknown"])
     return (
@@ -187,7 +189,7 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
     """`own_model.py estimate --json`: the traced counters; an approximate one says so, one
     the trace could not follow gives no figure."""
     prediction = document["prediction"]
-    if prediction["status"] == "not predicted":
+    if prediction["status"] == PredictionStatus.NOT_PREDICTED:
         why = prediction.get("reason", "the trace could not follow the code")
         raise cli.UsageError(f"{name}: not predicted ({why}): no figure to fit; measure it instead")
     notes, approximate, point = [], None, None
@@ -205,7 +207,7 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
             "predicted without a GPU calibration: the blocks each GPU's kernels allocate "
             "besides their outputs are not in it, on any model"
         )
-    if prediction["status"] == "approximate":
+    if prediction["status"] == PredictionStatus.APPROXIMATE:
         unknown = "; ".join(f"{entry['op']}: {entry['why']}" for entry in prediction["unknown"])
         notes.append(f"approximate, what the prediction does not know: {unknown}")
         ops = ", ".join(entry["op"] for entry in prediction["unknown"])
@@ -262,14 +264,14 @@ def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
     if document is None:
         document = read_checked(path, MEASUREMENTS, "a measurement")
     reading = READINGS[workload_kinds.of_schema(document["schema"]).kind]
-    if reading.prediction is not None and document.get("status") == "predicted":
+    if reading.prediction is not None and document.get("status") == RunStatus.PREDICTED:
         return reading.prediction(document, name)
-    if document["status"] == "failed":
+    if document["status"] == RunStatus.FAILED:
         raise cli.UsageError(
             f"{path}: the workload's own code raised {document['failure']['exception_type']}: "
             "a failed run is not a measurement"
         )
-    if document["status"] != "completed":
+    if document["status"] != RunStatus.COMPLETED:
         raise cli.UsageError(
             f"{path}: the run ended {document['status']}: its peak is what the GPU held when it "
             f"stopped, not what the configuration needs; fit a prediction instead ({PREDICTIONS})"

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from pipeline.artefacts import validate
 from pipeline.core import arguments, cli, run_folders, workload_kinds
+from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
 from pipeline.workloads import seed_network
 
@@ -297,9 +298,9 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
         return cli.INVALID
     kind = workload_kinds.of_schema(measurement.document["schema"])
     status = measurement.document["status"]
-    if status == "predicted":
+    if status == RunStatus.PREDICTED:
         raise cli.UsageError(f"{path}: a prediction ({kind.script} estimate), not a measurement")
-    if status == "failed":
+    if status == RunStatus.FAILED:
         raised = measurement.document["failure"]["exception_type"]
         raise cli.UsageError(
             f"{path}: the workload's own code raised {raised}: a failed run is not a "

@@ -30,7 +30,9 @@ from pathlib import Path
 from pipeline import calcul_forfaits
 from pipeline.artefacts import validate
 from pipeline.core import cli, run_folders, workload_kinds
+from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
+from pipeline.predicting.trace_prediction import PredictionStatus
 from pipeline.stages import fit
 
 GIB, MIB = 2**30, 2**20
@@ -116,7 +118,7 @@ def read_source(folder: Path) -> Source:
             gpu = document["environment"]["gpu"]
             source.gpu_name = gpu.get("name")
             source.total_memory_bytes = gpu.get("total_memory_bytes")
-            if document["status"] == "completed":
+            if document["status"] == RunStatus.COMPLETED:
                 source.need = fit.measured_need(path, folder.name, document)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise cli.UsageError(f"{path}: not a measurement ({exc!r})") from None
@@ -172,7 +174,7 @@ def run_picture(source: Source):
     predicted_label = "predicted by the allocator model"
     if prediction.get("applicable") is False:  # e.g. expandable segments: not a claim
         predicted_label += f" (NOT APPLICABLE: {prediction['not_applicable_because']})"
-    elif prediction.get("status") == "approximate":  # says what it does not know
+    elif prediction.get("status") == PredictionStatus.APPROXIMATE:  # says what it does not know
         unknown = [entry["op"] for entry in document.get("prediction", {}).get("unknown", [])]
         predicted_label += f" (APPROXIMATE: {', '.join(unknown) or 'see the file'})"
     for i, (key, name) in enumerate(COUNTERS.items()):
@@ -201,7 +203,9 @@ def run_picture(source: Source):
     axes.set_xticks(range(len(phases)), [phase_label(row) for row in phases], rotation=20)
     axes.set_ylabel(f"{unit_name}: PyTorch allocator, this process")
     status = (
-        "" if document["status"] == "completed" else f" ({document['status'].replace('_', ' ')})"
+        ""
+        if document["status"] == RunStatus.COMPLETED
+        else f" ({document['status'].replace('_', ' ')})"
     )
     folded_text = (
         f"\n{len(document['phases'])} rows: a phase of more than two, its first row and then the "
@@ -407,8 +411,8 @@ def sweep_picture(
 
     sweep = source.document
     vary = sweep["plan"]["vary"]
-    done = [p for p in sweep["points"] if p["status"] == "completed"]
-    failed = [p for p in sweep["points"] if p["status"] != "completed"]
+    done = [p for p in sweep["points"] if p["status"] == RunStatus.COMPLETED]
+    failed = [p for p in sweep["points"] if p["status"] != RunStatus.COMPLETED]
     # The scale is the completed points' peaks alone, the same rule for every workload: what
     # a point that stopped held when it stopped says nothing of what it needed.
     measured = done or sweep["points"]
@@ -450,7 +454,7 @@ def sweep_picture(
         x = p["configuration"][vary]
         what = p["status"].replace("_", " ")
         held = f"{fit.gib(p['peak_reserved_bytes'])} GiB held at the stop"
-        if p["status"] == "out_of_memory" and own_line is not None:
+        if p["status"] == RunStatus.OUT_OF_MEMORY and own_line is not None:
             y = own_line[0] / scale
             text = f"{what} at {x:,}:\nneeds more than\n{fit.gib(own_line[0])} GiB\n({held})"
             name = f"{what}: the point tried, at the memory it could not fit in"

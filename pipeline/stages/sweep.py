@@ -39,6 +39,7 @@ import yaml
 
 from pipeline.artefacts import validate
 from pipeline.core import arguments, cli, run_folders, workload_kinds
+from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
 from pipeline.measuring import decoder, launcher, own_model
 from pipeline.stages import record
@@ -434,7 +435,7 @@ def report_progress(step: int, bound: int | None, vary: str, points: list[dict],
 
 
 def final_line(vary: str, points: list[dict], reason: str, summary: Path) -> str:
-    fitted = [p for p in points if p["status"] == "completed"]
+    fitted = [p for p in points if p["status"] == RunStatus.COMPLETED]
     largest = (
         f"largest that fitted {vary} {fitted[-1]['configuration'][vary]} at "
         f"{size(fitted[-1]['peak_reserved_bytes'])} peak reserved"
@@ -564,7 +565,7 @@ def summarise_point(folder: Path, configuration: dict, seconds: float) -> dict:
 
 
 def write_summary(sweep_dir: Path, plan, device, mode, points, reason, seconds) -> Path:
-    fitted = [p for p in points if p["status"] == "completed"]
+    fitted = [p for p in points if p["status"] == RunStatus.COMPLETED]
     summary = {
         "schema": "urn:iteragpu-lab:schema:sweep:v1",
         "plan": plan,
@@ -632,7 +633,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             points.append(summarise_point(finished.folder, configuration, now - last))
             measured, last = finished, now
             report_progress(step, bound, vary, points, now - started)
-            if points[-1]["status"] == "out_of_memory":
+            if points[-1]["status"] == RunStatus.OUT_OF_MEMORY:
                 reason = f"the GPU ran out of memory at {vary} {configuration[vary]}"
                 break
             configuration[vary] = next_value(configuration[vary], plan["factor"])

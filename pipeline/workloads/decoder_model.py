@@ -56,10 +56,19 @@ INIT_STD = 0.02
 # ---------------------------------------------------------------- weights and state
 
 
-def make_weights(shape: decoder_shape.Shape, dtype, device, seed: int) -> dict:
-    """Every parameter in parameter_tensors' order (the predictor's), made in place."""
+def seeded(device, seed: int):
+    """A generator on the device, seeded; on meta (a trace without a GPU: values are not
+    made there) none."""
+    if torch.device(device).type == "meta":
+        return None
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
+    return generator
+
+
+def make_weights(shape: decoder_shape.Shape, dtype, device, seed: int) -> dict:
+    """Every parameter in parameter_tensors' order (the predictor's), made in place."""
+    generator = seeded(device, seed)
     weights = {}
     for name, dims, init in decoder_shape.parameter_tensors(shape):
         tensor = torch.empty(dims, device=device, dtype=dtype)
@@ -94,8 +103,7 @@ class State:
     def __init__(self, shape: decoder_shape.Shape, run: dict, dtype, device, seed: int):
         batch, prompt, new = run["batch"], run["prompt"], run["new_tokens"]
         positions = prompt + new
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed + 1)
+        generator = seeded(device, seed + 1)
         self.prompt = torch.randint(
             0, shape.vocab, (batch, prompt), generator=generator, device=device
         )

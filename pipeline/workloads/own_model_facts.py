@@ -10,7 +10,9 @@ import itertools
 import statistics
 
 from pipeline.core import allocator_model, phase_protocol
+from pipeline.core.run_status import RunStatus
 from pipeline.predicting import trace_prediction
+from pipeline.predicting.trace_prediction import PredictionStatus
 
 SCHEMA = "urn:iteragpu-lab:schema:own-model-measurement:v1"
 
@@ -24,7 +26,7 @@ def compare(document: dict) -> None:
             {k: expected[k] for k in phase_protocol.COUNTER_KEYS} if expected else None
         )
     summary = document["summary"]["prediction"]
-    if document["prediction"]["status"] == trace_prediction.NOT_PREDICTED or not phases:
+    if document["prediction"]["status"] == PredictionStatus.NOT_PREDICTED or not phases:
         summary.update(by_counter=None, held=None, bounds_held=None)
         summary["largest_abs_difference_allocated_bytes"] = None
         summary["largest_abs_difference_reserved_bytes"] = None
@@ -40,7 +42,7 @@ def compare(document: dict) -> None:
     summary["largest_abs_difference_reserved_bytes"] = max(
         v for k, v in by_counter.items() if "reserved" in k
     )
-    exact = document["prediction"]["status"] == trace_prediction.EXACT
+    exact = document["prediction"]["status"] == PredictionStatus.EXACT
     summary["held"] = not any(by_counter.values()) if exact else None
     summary["bounds_held"] = bounds_held(document)
 
@@ -82,7 +84,7 @@ def summarise(document: dict) -> dict:
 def document_facts(document: dict) -> list[str]:
     """For validate.py: the rows follow the plan, their counters are consistent, and the
     summary and the predictions beside them say what the rows say. Each error has its path."""
-    if document["status"] == "predicted":
+    if document["status"] == RunStatus.PREDICTED:
         return prediction_peak_facts(document["prediction"])
     errors = []
     rows, record = document["phases"], document["workload"]
@@ -93,9 +95,9 @@ def document_facts(document: dict) -> list[str]:
     if names != planned[: len(names)]:
         errors.append(f"$.phases: {names} do not follow the plan {planned}")
     status = document["status"]
-    if status == "completed" and names != planned:
+    if status == RunStatus.COMPLETED and names != planned:
         errors.append(f"$.phases: {len(names)} rows, the plan has {len(planned)}")
-    if status != "completed":
+    if status != RunStatus.COMPLETED:
         failure = document["failure"]
         expected = (
             "import" if failure["phase"] == "import" else planned[len(names) : len(names) + 1]
@@ -112,7 +114,7 @@ def document_facts(document: dict) -> list[str]:
         want = document["configuration"]["warmup"] if row["phase"] == "warmup" else 1
         if row["passes"] != want:
             errors.append(f"$.phases[{i}].passes: {row['passes']}, expected {want}")
-    if status == "failed":
+    if status == RunStatus.FAILED:
         return errors
     errors += prediction_peak_facts(document["prediction"])
     predicted = document["prediction"]["phases"]

@@ -2,13 +2,14 @@
 # command line. The kit ships one self-contained file, pipeline/mesure_memoire.py, generated
 # from this module by pipeline/kit/make_kit_script.py: each `# from MODULE: NAMES` line below
 # becomes those definitions, copied verbatim from the core module (allocator_model,
-# arguments, environment_capture, phase_protocol, writers), and the imports of them become
-# the standard-library imports they need. So the kit reads as one file in its own order, and
-# the pipeline shares the core without importing the kit. Edit this module or the core, never
-# mesure_memoire.py; then run `python -m pipeline.kit.make_kit_script` (a test and `make archive`
-# refuse a kit script that is not regenerated). The pipeline imports this module for what it
-# measures of the seed network: the configuration, the fixed phases, the command line (the
-# chain checks flags with it) and the predicted counters (validate and sweep compare them).
+# arguments, environment_capture, phase_protocol, writers, run_status, measure_flow), and the
+# imports of them become the standard-library imports they need. So the kit reads as one file
+# in its own order, and the pipeline shares the core without importing the kit. Edit this
+# module or the core, never mesure_memoire.py; then run `python -m pipeline.kit.make_kit_script`
+# (a test and `make archive` refuse a kit script that is not regenerated). The pipeline imports
+# this module for what it measures of the seed network: the configuration, the fixed phases,
+# the command line (the chain checks flags with it) and the predicted counters (validate and
+# sweep compare them).
 """IteraGPU Lab v1: estimate weight memory, record the environment, measure a synthetic network.
 
 Three commands, one file, standard library only at module level (PyTorch is imported inside
@@ -66,6 +67,7 @@ from pipeline.core.phase_protocol import (
     run_phase,
     spread,
 )
+from pipeline.core.run_status import RunStatus
 from pipeline.core.writers import refuse_existing, utc_now, write_result
 
 # from environment_capture: TOOL, ENVIRONMENT_SCHEMA
@@ -119,6 +121,9 @@ PHASES_DOC = {
     "warmup": "all warm-up passes together, one row",
     "warm_forward": "one row per timed repetition after warm-up",
 }
+
+
+# from run_status: RunStatus
 
 
 # from arguments: UsageError
@@ -528,7 +533,7 @@ def run_measurement(args: argparse.Namespace, document: dict) -> int:
     try:
         model, x = measure_phases(torch, args, device, document["phases"])
     except OutOfMemory as oom:
-        document["status"] = "out_of_memory"
+        document["status"] = RunStatus.OUT_OF_MEMORY
         document["failure"] = {
             "phase": oom.row["phase"],
             "repetition": oom.row.get("repetition"),
@@ -542,7 +547,7 @@ def run_measurement(args: argparse.Namespace, document: dict) -> int:
         add_predictions(document, [])
         document["summary"] = summarise(document)
         return EXIT_OOM
-    document["status"] = "completed"
+    document["status"] = RunStatus.COMPLETED
     document["calibration"] = calibrate_library_blocks(torch, device, model, x)
     reference = reference_timing(torch, model, x) if args.reference_timing else None
     add_predictions(document, document["calibration"]["blocks"])

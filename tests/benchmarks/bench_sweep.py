@@ -40,28 +40,40 @@ def one_sweep(pipeline: Path, device: str, points: int, fork: bool) -> tuple[flo
     """Run pipeline/stages/sweep.py once in a scratch runs directory: its wall time, and each
     point's seconds but the first."""
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as scratch:
-        argv = [sys.executable, str(pipeline / "sweep.py"), "--device", device]
+        argv = [sys.executable, *sweep_command(pipeline), "--device", device]
         argv += ["--vary", "width", "--start", "8", "--factor", "1.2", "--max-steps", str(points)]
         argv += ["--runs-dir", scratch, *([] if fork else ["--no-fork"])]
         started = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True)
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=pipeline.parent)
         wall = time.perf_counter() - started
         if done.returncode != 0:
             # Every error line, in order: the cause is often a stage's line before the sweep's.
             said = [line for line in done.stderr.splitlines() if ": error: " in line]
             said = said or (done.stderr.strip().splitlines() or ["no message"])[-1:]
-            raise Failed(f"{pipeline / 'sweep.py'} exited {done.returncode}: {' / '.join(said)}")
+            raise Failed(f"{pipeline}'s sweep exited {done.returncode}: {' / '.join(said)}")
         [summary] = Path(scratch).glob("*-sweep/sweep.json")
         seconds = [p["wall_seconds"] for p in json.loads(summary.read_text())["points"]]
     return wall, seconds[1:] or seconds
+
+
+def sweep_command(pipeline: Path) -> list[str]:
+    """The sweep of a pipeline folder, run from the folder above it: a script of its own
+    before the package's floors (pipeline/sweep.py), a module since."""
+    if (pipeline / "sweep.py").is_file():
+        return [str(pipeline / "sweep.py")]
+    return ["-m", "pipeline.stages.sweep"]
+
+
+def has_sweep(pipeline: Path) -> bool:
+    return (pipeline / "sweep.py").is_file() or (pipeline / "stages" / "sweep.py").is_file()
 
 
 def baseline_tree(folder: Path, scratch: Path) -> Path:
     """The older pipeline beside schemas/ and data/ (its own, if DIR has them as siblings,
     else this repository's): its scripts find them next to their own folder."""
     folder = folder.resolve()  # the links below are made in another folder
-    pipeline = folder / "pipeline" if (folder / "pipeline" / "sweep.py").is_file() else folder
-    if not (pipeline / "sweep.py").is_file():
+    pipeline = folder / "pipeline" if has_sweep(folder / "pipeline") else folder
+    if not has_sweep(pipeline):
         raise Failed(f"{folder}: no sweep.py there, nor in {folder / 'pipeline'}")
     tree = scratch / "baseline"
     shutil.copytree(pipeline, tree / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))

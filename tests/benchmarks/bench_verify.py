@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter (default: this one)")
     parser.add_argument("verify_args", nargs="*", default=["dist/iteragpu-lab-v1.zip"])
     args = parser.parse_args(argv)
-    verify = [args.python, str(ROOT / "pipeline" / "verify.py"), *args.verify_args]
+    verify = [args.python, "-m", "pipeline.kit.verify", *args.verify_args]  # run in ROOT
     median_wall(verify, 2)  # warm the file cache and the bytecode cache first
     empty = median_wall([args.python, "-c", "pass"], args.runs)
     full = median_wall(verify, args.runs)

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DECODER = ROOT / "pipeline" / "decoder.py"
+DECODER = ["-m", "pipeline.measuring.decoder"]  # found from the root: cwd=ROOT below
 sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 import gpu_guard  # noqa: E402
 
@@ -85,12 +85,12 @@ def shape_args(name: str) -> list[str]:
 
 
 def measure(argv: list[str], output: Path, device: str, calibration) -> tuple[int, float, str]:
-    command = [sys.executable, str(DECODER), "measure", "--device", device, *argv]
-    command += ["--output", str(output)]
+    command = [sys.executable, *DECODER, "measure", "--device", device, *argv]
+    command += ["--output", str(Path(output).resolve())]
     if calibration:
-        command += ["--calibration", str(calibration)]
+        command += ["--calibration", str(Path(calibration).resolve())]
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     return done.returncode, time.perf_counter() - start, done.stderr.strip()
 
 
