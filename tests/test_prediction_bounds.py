@@ -293,3 +293,65 @@ def test_the_lower_bound_counts_the_bytes_asked_for_not_a_blocks_unsplit_rest():
     asked = 18 * MIB + 3 * MIB // 2 + 5 * MIB // 4
     assert row["peak_allocated_bytes"][0] == asked
     assert row["peak_reserved_bytes"][0] == asked
+
+
+def product_trace(dtype: str) -> tp.Trace:
+    """One phase: a linear of a 1 MiB input by a 1 MiB weight, its 1 MiB output then dies."""
+    leaf = ("tensor", dtype, (512, 512), (512, 1), 0, MIB, "device")
+    name = "aten.linear.default"
+    trace = tp.Trace("meta", "cpu-only", "test")
+    trace.signatures["k"] = tp.Signature(name, None, [leaf, leaf], None, calls=1)
+    trace.events = [
+        ("start", "step", None, 1),
+        ("op", tp.OpCall(name, tp.CALLER, "k", ((0, 0, MIB),))),
+        ("free", 0),
+        ("end",),
+    ]
+    return trace
+
+
+KEPT = [("output", 0, None), ("persistent", 32 * MIB)]
+
+
+def test_a_float16_product_borrows_the_workspace_its_form_keeps_in_bfloat16_and_float32():
+    """The central figure takes the 32 MiB workspace both other dtypes keep; the claim stays
+    approximate and says why; the least replay leaves the workspace out, the most holds it."""
+    patterns = {f"aten.linear.default({dtype}, {dtype})": KEPT for dtype in ("bfloat16", "float32")}
+    prediction = tp.predict(product_trace("float16"), tp.Calibration(patterns=patterns))
+    assert prediction.rows[0]["peak_allocated_bytes"] == MIB + 32 * MIB
+    assert prediction.status == PredictionStatus.APPROXIMATE
+    (entry,) = prediction.unknown
+    assert entry["op"] == "aten.linear"
+    assert entry["why"] == f"{tp.UNCALIBRATED}; {tp.BORROWED}"
+    (row,) = prediction.bounds
+    scratch = tp.SCRATCH_FACTOR * (2 * MIB + MIB)  # its two inputs and its output
+    assert row["peak_allocated_bytes"] == (MIB, MIB + 32 * MIB + tp.WORKSPACE_BOUND + scratch)
+
+
+@pytest.mark.parametrize(
+    ("patterns", "central"),
+    [
+        ({"aten.linear.default(bfloat16, bfloat16)": KEPT}, MIB),  # float32 not probed
+        (
+            {
+                "aten.linear.default(bfloat16, bfloat16)": KEPT,
+                "aten.linear.default(float32, float32)": [("output", 0, None)],
+            },
+            MIB,  # they disagree
+        ),
+    ],
+)
+def test_a_float16_product_borrows_nothing_unless_both_donors_agree(patterns, central):
+    prediction = tp.predict(product_trace("float16"), tp.Calibration(patterns=patterns))
+    assert prediction.rows[0]["peak_allocated_bytes"] == central
+    assert prediction.unknown[0]["why"] == tp.UNCALIBRATED
+
+
+def test_a_probed_float16_pattern_is_known_and_a_bfloat16_call_borrows_nothing():
+    own = {"aten.linear.default(float16, float16)": KEPT}
+    assert tp.predict(product_trace("float16"), tp.Calibration(patterns=own)).status == (
+        PredictionStatus.EXACT
+    )
+    donors = {f"aten.linear.default({d}, {d})": KEPT for d in ("float32", "float16")}
+    prediction = tp.predict(product_trace("bfloat16"), tp.Calibration(patterns=donors))
+    assert prediction.rows[0]["peak_allocated_bytes"] == MIB

@@ -40,6 +40,7 @@ import itertools
 import math
 import os
 import random
+import re
 import weakref
 
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
@@ -80,6 +81,7 @@ _ATEN_OUTPUT_ONLY = (
     "embedding", "slice_backward", "select_backward", "_softmax", "_log_softmax",
     "_log_softmax_backward_data", "native_layer_norm",
     "constant_pad_nd",  # empty, fill_, copy_ into a narrowed view (or a clone): 189 H200 probes
+    "rsqrt_", "pow_", "square", "square_",  # in place, or pow(x, 2): element-wise, as pow is
 )
 _FOREACH_OUTPUT_ONLY = (
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "lerp_", "addcmul_", "addcdiv_",
@@ -111,7 +113,15 @@ REDUCTIONS = {
     "aten.amin.default": "dim",
     "aten.argmax.default": "dim",
     "aten.argmin.default": "dim",
+    "aten.linalg_vector_norm.default": "dim",
 }
+# Asked for a float32 result of a float16 or bfloat16 input, these reduce it uncast on CUDA:
+# make_reduction's `gpu_lowp_to_f32` (ReduceOpsUtils.h), through make_reduction_from_out_ty
+# for sum and mean and the one-dtype make_reduction for the norm (LinearAlgebra.cpp). The
+# norm's exception: a reduction over dimensions all of size 1 is `self.to(dtype)` and `abs`,
+# a copy the trace does not see.
+LOWP_TO_FLOAT32 = {"aten.sum.dim_IntList", "aten.mean.dim", "aten.linalg_vector_norm.default"}
+LOW_PRECISION = {"float16", "bfloat16"}
 VALUES_PER_THREAD = 256
 WARP = 32
 
@@ -133,7 +143,12 @@ def reduction_without_scratch(signature) -> bool:
         return False
     _, dtype, shape, stride, _offset, nbytes, _where = x
     requested = arguments.get("dtype")
-    if requested is not None and requested != ("dtype", dtype):
+    uncast = (
+        signature.name in LOWP_TO_FLOAT32
+        and dtype in LOW_PRECISION
+        and requested == ("dtype", "float32")
+    )
+    if requested is not None and requested != ("dtype", dtype) and not uncast:
         return False  # converted to another dtype first: a copy the trace may not show
     if nbytes >= 2**31:
         return False
@@ -145,6 +160,8 @@ def reduction_without_scratch(signature) -> bool:
         dims = [dims]
     dims = sorted({d % rank for d in dims}) if rank else []
     inputs = math.prod(shape[d] for d in dims)
+    if signature.name == "aten.linalg_vector_norm.default" and inputs == 1 and uncast:
+        return False  # self.to(dtype), then abs: a copy (see LOWP_TO_FLOAT32)
     if inputs < VALUES_PER_THREAD:
         return True
     trailing = dims == list(range(rank - len(dims), rank))
@@ -376,6 +393,15 @@ UNCALIBRATED = (
     "not calibrated: the blocks its GPU kernel allocates besides its outputs "
     "(workspaces, scratch) are unknown"
 )
+BORROWED = (
+    "no float16 product was probed: its library workspaces are taken, for the central "
+    "figure only, from the bfloat16 and float32 products of its form, which agree (cuBLAS "
+    "and cuBLASLt keep one per handle and stream, whatever the dtype)"
+)
+# A dtype in a call's form (call_keys.form): float16 as a word, not inside bfloat16; and
+# the dtypes whose agreeing patterns a float16 product borrows (Calibration.borrowed).
+FLOAT16 = re.compile(r"(?<![a-z])float16\b")
+DONORS = ("bfloat16", "float32")
 # Written into every prediction, in the words committed predictions hold (the kit script
 # carries the same AllocatorModel as allocator_model.py).
 METHOD = (
@@ -1303,7 +1329,24 @@ class Calibration:
             found = self.rule(call)
         if found is None:
             found = self.reduction(call)
+        if found is None:
+            found = self.borrowed(call)
         return found or None
+
+    def borrowed(self, call: Signature | None) -> list | None:
+        """A float16 matrix product that no probe ran: the pattern its form has in bfloat16
+        and in float32, where both were probed and are the same. PyTorch keeps cuBLAS's and
+        cuBLASLt's workspaces per (handle, stream) pair (CublasHandlePool.cpp), made by the
+        first product on it whatever its dtype, and these patterns hold nothing else. Not
+        `known`: the call stays uncovered (BORROWED), its least replay without the
+        workspaces, its most with WORKSPACE_BOUND."""
+        if call is None or not self.patterns:
+            return None
+        form = call_keys.form(call.name, call.leaves)
+        if FLOAT16.search(form) is None or self.patterns.get(form) is not None:
+            return None
+        bf16, fp32 = (self.patterns.get(FLOAT16.sub(dtype, form)) for dtype in DONORS)
+        return bf16 if bf16 is not None and bf16 == fp32 else None
 
     def reduction(self, call: Signature | None) -> list | None:
         """A call's blocks by PyTorch's own code, on this GPU: a reduction by its kernel's
@@ -2100,6 +2143,8 @@ def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> 
         why = UNCALIBRATED
         if calibration is not None and key in calibration.failed:
             why = f"{UNCALIBRATED}; {calibration.failed[key]}"
+        elif calibration is not None and calibration.borrowed(signature) is not None:
+            why = f"{UNCALIBRATED}; {BORROWED}"
         add(packet(signature.name), signature.calls, why)
     for op, why in trace.notes.items():
         add(op, 0, why)

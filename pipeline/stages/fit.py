@@ -18,6 +18,7 @@ closed the pipe early.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 from collections.abc import Callable
@@ -48,12 +49,24 @@ class Record(NamedTuple):
     run: str  # the run folder (or file) it was read from
 
 
+class Basis(str, enum.Enum):
+    """Where a figure comes from: a run on a GPU, a prediction, a vendor's datasheet. An
+    enum of str: `fit --json` writes its words."""
+
+    MEASURED = "measured"
+    PREDICTION = "prediction"
+    VENDOR = "vendor figure"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Need:
     """The peak reserved a configuration needs, and where that figure comes from."""
 
     peak_reserved_bytes: int
-    basis: str  # "measured" or "prediction"
+    basis: Basis  # MEASURED or PREDICTION
     source: str  # the folder or file name, never a full path
     what: str  # the configuration, in words
     gpu_name: str | None  # the GPU it was measured on
@@ -69,7 +82,7 @@ class Memory:
 
     total_bytes: int
     context_bytes: int
-    basis: str  # "measured" or "vendor figure"
+    basis: Basis  # MEASURED or VENDOR
     detail: str
     runs: tuple[Record, ...] = ()  # the records a measured figure comes from
     total_from: str | None = None  # the run that gave the total
@@ -149,7 +162,7 @@ def decoder_prediction_need(document: dict, name: str) -> Need:
     gaps = ", ".join(gap["what"] for gap in prediction["not_predicted"])
     return Need(
         peak_reserved_bytes=document["summary"]["largest_peak_reserved_bytes"],
-        basis="prediction",
+        basis=Basis.PREDICTION,
         source=name,
         what=configuration_text(document["configuration"]),
         gpu_name=None,
@@ -225,7 +238,7 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
             approximate += f"; {prediction['unbounded']}"
     return Need(
         peak_reserved_bytes=peak,
-        basis="prediction",
+        basis=Basis.PREDICTION,
         source=name,
         what=own_model_text(document),
         gpu_name=None,
@@ -278,7 +291,7 @@ def measured_need(path: Path, name: str, document: dict | None = None) -> Need:
         )
     return Need(
         peak_reserved_bytes=document["summary"]["largest_peak_reserved_bytes"],
-        basis="measured",
+        basis=Basis.MEASURED,
         source=name,
         what=reading.what(document),
         gpu_name=document["environment"]["gpu"].get("name"),
@@ -310,7 +323,7 @@ def sweep_need(folder: Path) -> Need:
     notes = [f"the sweep stopped because {sweep['stopped_because']}"]
     return Need(
         peak_reserved_bytes=point["peak_reserved_bytes"],
-        basis="measured",
+        basis=Basis.MEASURED,
         source=folder.name,
         what=f"its largest completed point, {vary} {point['configuration'][vary]} ("
         + configuration_text({k: v for k, v in point["configuration"].items() if k != vary})
@@ -332,7 +345,7 @@ def predicted_need(document: dict, name: str) -> Need:
         )
     return Need(
         peak_reserved_bytes=peak,
-        basis="prediction",
+        basis=Basis.PREDICTION,
         source=name,
         what=configuration_text(document["configuration"]),
         gpu_name=None,
@@ -397,7 +410,7 @@ def measured_memory(name: str, records: list[Record]) -> Memory:
     return Memory(
         total_bytes=total.total,
         context_bytes=context,
-        basis="measured",
+        basis=Basis.MEASURED,
         detail=f"{name}, {len(records)} run(s): total {total.total:,} bytes "
         f"({gib(total.total)} GiB) as PyTorch reports it, less the CUDA context: "
         f"{at_start.total - at_start.free:,} bytes at the start (total minus free) + "
@@ -431,7 +444,7 @@ def catalogue_memory(catalogue: dict, records: list[Record]) -> dict[str, Memory
             memory[gpu] = Memory(
                 total_bytes=int(row["memory_gib_per_gpu"]) * calcul_forfaits.VENDOR_BYTES_PER_GIB,
                 context_bytes=calcul_forfaits.CONTEXT_ROOM_BYTES,
-                basis="vendor figure",
+                basis=Basis.VENDOR,
                 detail=calcul_forfaits.MEMORY_RULE,
             )
     return memory
@@ -490,6 +503,7 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
         )
     )
     bases = {held.basis: held.detail for held in sorted(memory.values(), key=lambda m: m.basis)}
+    measured_on = memory_name(need.gpu_name) if need.basis == Basis.MEASURED else None
     return {
         "peak_reserved_bytes": need.peak_reserved_bytes,
         "peak_basis": need.basis,
@@ -497,7 +511,7 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
         "if_the_prediction_holds": point_answer(need.point_bytes, rows),
         "margin_bytes": margin_bytes(need.peak_reserved_bytes),
         # the one model on which the answer is a measurement; on every other, a prediction
-        "peak_measured_on_model": memory_name(need.gpu_name) if need.basis == "measured" else None,
+        "peak_measured_on_model": measured_on,
         "source": need.source,
         "configuration": need.what,
         "measured_on": need.gpu_name,
@@ -517,7 +531,7 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
                 "runs": [record._asdict() for record in held.runs],
             }
             for gpu, held in memory.items()
-            if held.basis == "measured"
+            if held.basis == Basis.MEASURED
         },
         "days": days,
         "accepted_results": accepted,
@@ -621,7 +635,7 @@ def headline(result: dict) -> list[str]:
 
 def render(result: dict, explained: bool = False) -> str:
     where = f"measured on {result['measured_on']}" if result["measured_on"] else "GPU unknown"
-    basis = where if result["peak_basis"] == "measured" else result["peak_basis"]
+    basis = where if result["peak_basis"] == Basis.MEASURED else result["peak_basis"]
     lines = [
         *headline(result),
         f"peak reserved {gib_up(result['peak_reserved_bytes'])} GiB "
@@ -749,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = parser().parse_args(argv)
         need = need_of(args.source)
-        if need.basis == "prediction" and need.peak_reserved_bytes < 1:  # nothing allocated
+        if need.basis == Basis.PREDICTION and need.peak_reserved_bytes < 1:  # nothing allocated
             raise cli.UsageError(f"{args.source}: a peak of 0 bytes reserved: nothing to fit")
         catalogue = load_catalogue(args.tariffs)
         runs_dir = run_folders.runs_directory(args.runs_dir)

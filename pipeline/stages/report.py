@@ -265,7 +265,7 @@ def usable_line(source: Source, records: list[fit.Record]) -> tuple[int, str] | 
         how = "measured"
     elif source.total_memory_bytes:
         memory = fit.Memory(
-            source.total_memory_bytes, calcul_forfaits.CONTEXT_ROOM_BYTES, "measured", ""
+            source.total_memory_bytes, calcul_forfaits.CONTEXT_ROOM_BYTES, fit.Basis.MEASURED, ""
         )
         how = "total measured, context room the H200's"
     else:
@@ -569,10 +569,11 @@ def cost_picture(result: dict, need: fit.Need):
     plt = pyplot()
     rows = [row for row in result["rows"] if row["fits"]]
     figure, axes = plt.subplots(figsize=(10, 0.45 * len(rows) + 3.2), layout="constrained")
+    measured = fit.Basis.MEASURED
     labels = [
         row["name"]
         + (f" ×{row['gpus_per_lot']} lot" if row["gpus_per_lot"] > 1 else "")
-        + (" (memory measured)" if row["memory_basis"] == "measured" else " (memory: vendor)")
+        + (" (memory measured)" if row["memory_basis"] == measured else " (memory: vendor)")
         for row in rows
     ]
     values = [int(row["unit_cost_cents"].replace(".", "")) / 10_000 for row in rows]

@@ -10,9 +10,11 @@ measurement under runs/ is traced on the meta device as the given GPU runs it (i
 calibration, and the attention backend PyTorch picks there), through the same phase driver
 the measurement used (decoder.measure_rows), and compared with what the GPU measured on all
 six counters of every phase. Printed per point: equal or not, the trace's claim (exact or
-approximate) and whether the measured peaks lie within its bounds, the Mirror's own verdict
-(the `predicted` counters written beside the measured ones), the seconds, and the first
-differences. Exit 1 if a claimed exact differs or a bound is broken. Not a test: it times.
+approximate) and whether the measured peaks lie within its bounds, the Mirror's verdict then
+(the `predicted` counters written beside the measured ones) and now (its replay today, with
+the newest committed decoder calibration for that GPU and PyTorch, as `measure` finds it),
+the seconds, and the first differences. Exit 1 if a claimed exact differs or a bound is
+broken. Not a test: it times.
 
 --points prints instead one line per committed point for `python -m
 pipeline.measuring.probe_sweep` (NAME decoder ARGUMENTS): run on the GPU, its probes are what
@@ -103,6 +105,22 @@ def compare(prediction: tp.Prediction, measured: list[dict]) -> dict:
     }
 
 
+def mirror_today(document: dict) -> bool:
+    """The Mirror's replay today of the point, with the calibration `measure` would find
+    for its GPU and PyTorch: equal to the measurement on every counter?"""
+    configuration, environment = document["configuration"], document["environment"]
+    shape = Shape(**configuration["shape"])
+    run = {key: configuration[key] for key in decoder.RUN_DEFAULTS}
+    calibration = decoder.find_calibration(
+        environment["gpu"].get("name"), environment["torch"].get("version")
+    )
+    rows, _ = decoder.predict(shape, run, calibration)
+    measured = document["phases"]
+    return len(rows) == len(measured) and all(
+        row[key] == m[key] for row, m in zip(rows, measured, strict=True) for key in COUNTER_KEYS
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated substrings of the points' paths")
@@ -123,6 +141,7 @@ def main() -> int:
     if args.only:
         points = [p for p in points if any(s in str(p) for s in args.only.split(","))]
     totals = dict.fromkeys(("points", "equal", "mirror_equal", "exact", "false_exact"), 0)
+    totals["mirror_today"] = 0
     totals["bounds_broken"] = 0
     print(f"torch {torch.__version__}; calibration {calibration.source}", flush=True)
     for path in points:
@@ -134,10 +153,12 @@ def main() -> int:
         prediction = trace_point(torch, document, target, calibration)
         seconds = time.perf_counter() - started
         found = compare(prediction, document["phases"])
+        today = mirror_today(document)
         exact = prediction.status == PredictionStatus.EXACT
         totals["points"] += 1
         totals["equal"] += found["equal"]
         totals["mirror_equal"] += found["mirror_equal"]
+        totals["mirror_today"] += today
         totals["exact"] += exact
         totals["false_exact"] += exact and not found["equal"]
         totals["bounds_broken"] += bool(found["broken"])
@@ -148,6 +169,7 @@ def main() -> int:
         print(
             f"{'equal' if found['equal'] else 'differs':<8} {prediction.status:<12} "
             f"{bounds:<14} mirror {'equal' if found['mirror_equal'] else 'differs':<8} "
+            f"today {'equal' if today else 'differs':<8}"
             f"{seconds:6.1f} s  {path.relative_to(ROOT)}",
             flush=True,
         )
@@ -158,7 +180,8 @@ def main() -> int:
         print(f"    not covered: {', '.join(unknown) or 'nothing'}")
     print(
         f"{totals['points']} points: {totals['equal']} equal to the byte by the trace, "
-        f"{totals['mirror_equal']} by the Mirror; {totals['exact']} said exact, "
+        f"{totals['mirror_equal']} by the Mirror then, {totals['mirror_today']} by the Mirror "
+        f"today; {totals['exact']} said exact, "
         f"{totals['false_exact']} of them wrong; {totals['bounds_broken']} with a bound broken"
     )
     return 1 if totals["false_exact"] or totals["bounds_broken"] else 0
