@@ -27,11 +27,14 @@ def tensor_leaf(nbytes: int) -> tuple:
     return ("tensor", "float32", (nbytes // 4,), (1,), 0, nbytes, "device")
 
 
-def one_operator_trace(name: str = "aten.foo.default", nbytes: int = MIB) -> tp.Trace:
-    """One phase: an operator reads a tensor of nbytes and returns one of nbytes, then that
-    output dies."""
+def one_operator_trace(
+    name: str = "aten.foo.default", nbytes: int = MIB, leaves: list | None = None
+) -> tp.Trace:
+    """One phase: an operator reads a tensor of nbytes (or `leaves`) and returns one of
+    nbytes, then that output dies."""
     trace = tp.Trace("meta", "cpu-only", "test")
-    trace.signatures["k"] = tp.Signature(name, None, [tensor_leaf(nbytes)], None, calls=1)
+    leaves = [tensor_leaf(nbytes)] if leaves is None else leaves
+    trace.signatures["k"] = tp.Signature(name, None, leaves, None, calls=1)
     trace.events = [
         ("start", "step", None, 1),
         ("op", tp.OpCall(name, tp.CALLER, "k", ((0, 0, nbytes),))),
@@ -298,16 +301,7 @@ def test_the_lower_bound_counts_the_bytes_asked_for_not_a_blocks_unsplit_rest():
 def product_trace(dtype: str) -> tp.Trace:
     """One phase: a linear of a 1 MiB input by a 1 MiB weight, its 1 MiB output then dies."""
     leaf = ("tensor", dtype, (512, 512), (512, 1), 0, MIB, "device")
-    name = "aten.linear.default"
-    trace = tp.Trace("meta", "cpu-only", "test")
-    trace.signatures["k"] = tp.Signature(name, None, [leaf, leaf], None, calls=1)
-    trace.events = [
-        ("start", "step", None, 1),
-        ("op", tp.OpCall(name, tp.CALLER, "k", ((0, 0, MIB),))),
-        ("free", 0),
-        ("end",),
-    ]
-    return trace
+    return one_operator_trace("aten.linear.default", MIB, [leaf, leaf])
 
 
 KEPT = [("output", 0, None), ("persistent", 32 * MIB)]

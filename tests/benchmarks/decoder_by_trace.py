@@ -128,8 +128,11 @@ def main() -> int:
     parser.add_argument("--points", action="store_true", help="print probe_sweep.py lines")
     args = parser.parse_args()
     if args.points:
-        for path in committed():
-            print(points_line(path, json.loads(path.read_text(encoding="utf-8"))))
+        lines = [points_line(p, json.loads(p.read_text(encoding="utf-8"))) for p in committed()]
+        try:
+            print("\n".join(lines), flush=True)
+        except BrokenPipeError:  # a reader that stops early (| head): not an error
+            sys.stdout = None
         return 0
     import torch
 
