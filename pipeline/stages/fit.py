@@ -160,14 +160,23 @@ def decoder_prediction_need(document: dict, name: str) -> Need:
     ]
     notes += [f"not predicted: {gap['what']}: {gap['why']}" for gap in prediction["not_predicted"]]
     gaps = ", ".join(gap["what"] for gap in prediction["not_predicted"])
+    peak = document["summary"]["largest_peak_reserved_bytes"]
+    return prediction_need(document, name, peak, notes, None if prediction["exact"] else gaps)
+
+
+def prediction_need(
+    document: dict, name: str, peak: int, notes: list[str], left_out: str | None
+) -> Need:
+    """The need of a standard-library prediction (the kit's estimate, the decoder's):
+    approximate where it says what it leaves out."""
     return Need(
-        peak_reserved_bytes=document["summary"]["largest_peak_reserved_bytes"],
+        peak_reserved_bytes=peak,
         basis=Basis.PREDICTION,
         source=name,
         what=configuration_text(document["configuration"]),
         gpu_name=None,
         notes=tuple(notes),
-        approximate=None if prediction["exact"] else f"it leaves out {gaps}",
+        approximate=None if left_out is None else f"it leaves out {left_out}",
     )
 
 
@@ -343,15 +352,8 @@ def predicted_need(document: dict, name: str) -> Need:
             "the prediction has no --library-block: the cuBLAS workspaces are left out "
             "(33 MiB + 1 MiB on the H200)"
         )
-    return Need(
-        peak_reserved_bytes=peak,
-        basis=Basis.PREDICTION,
-        source=name,
-        what=configuration_text(document["configuration"]),
-        gpu_name=None,
-        notes=tuple(notes),
-        approximate=None if document["library_blocks"] else "it leaves out the cuBLAS workspaces",
-    )
+    left_out = None if document["library_blocks"] else "the cuBLAS workspaces"
+    return prediction_need(document, name, peak, notes, left_out)
 
 
 def gpu_record(environment: dict, run: str) -> Record | None:
