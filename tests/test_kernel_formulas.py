@@ -46,7 +46,7 @@ def test_every_probe_of_the_formula_kernels_is_the_formula_or_declined():
     assert matched[CUDNN] >= 75, matched
     assert matched[EFFICIENT] >= 40, matched
     assert matched[DECODE] >= 2_000, matched
-    assert matched[SAFE_SOFTMAX] == 21, matched  # every one of its probes, all float32
+    assert matched[SAFE_SOFTMAX] == 58, matched  # every one of its probes, all float32
 
 
 def decode_call(batch, heads, kv_heads, keys, head_size=64):
