@@ -103,6 +103,7 @@ OUTPUT_ONLY = frozenset(
 # for inputs contiguous in the reduced trailing dimensions with fewer than 8,192 (32 lanes x
 # 256), the reductions of a norm over the hidden size. Beyond 2**31 bytes the kernel splits
 # the iterator and may take an accumulation buffer: not covered either.
+VECTOR_NORM = "aten.linalg_vector_norm.default"
 # operator -> the name of its dimension argument (None: all of them)
 REDUCTIONS = {
     "aten.sum.dim_IntList": "dim",
@@ -113,15 +114,14 @@ REDUCTIONS = {
     "aten.amin.default": "dim",
     "aten.argmax.default": "dim",
     "aten.argmin.default": "dim",
-    "aten.linalg_vector_norm.default": "dim",
+    VECTOR_NORM: "dim",
 }
 # Asked for a float32 result of a float16 or bfloat16 input, these reduce it uncast on CUDA:
 # make_reduction's `gpu_lowp_to_f32` (ReduceOpsUtils.h), through make_reduction_from_out_ty
 # for sum and mean and the one-dtype make_reduction for the norm (LinearAlgebra.cpp). The
 # norm's exception: a reduction over dimensions all of size 1 is `self.to(dtype)` and `abs`,
 # a copy the trace does not see.
-LOWP_TO_FLOAT32 = {"aten.sum.dim_IntList", "aten.mean.dim", "aten.linalg_vector_norm.default"}
-LOW_PRECISION = {"float16", "bfloat16"}
+LOWP_TO_FLOAT32 = {"aten.sum.dim_IntList", "aten.mean.dim", VECTOR_NORM}
 VALUES_PER_THREAD = 256
 WARP = 32
 
@@ -145,7 +145,7 @@ def reduction_without_scratch(signature) -> bool:
     requested = arguments.get("dtype")
     uncast = (
         signature.name in LOWP_TO_FLOAT32
-        and dtype in LOW_PRECISION
+        and dtype in reduce_scratch.LOW_PRECISION
         and requested == ("dtype", "float32")
     )
     if requested is not None and requested != ("dtype", dtype) and not uncast:
@@ -160,7 +160,7 @@ def reduction_without_scratch(signature) -> bool:
         dims = [dims]
     dims = sorted({d % rank for d in dims}) if rank else []
     inputs = math.prod(shape[d] for d in dims)
-    if signature.name == "aten.linalg_vector_norm.default" and inputs == 1 and uncast:
+    if signature.name == VECTOR_NORM and inputs == 1 and uncast:
         return False  # self.to(dtype), then abs: a copy (see LOWP_TO_FLOAT32)
     if inputs < VALUES_PER_THREAD:
         return True

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -132,7 +133,7 @@ def main() -> int:
         try:
             print("\n".join(lines), flush=True)
         except BrokenPipeError:  # a reader that stops early (| head): not an error
-            sys.stdout = None
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's recipe
         return 0
     import torch
 
