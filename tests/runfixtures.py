@@ -3,6 +3,7 @@ of the repository whose quality protocol has its decisions written, for the stag
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -93,9 +94,9 @@ def write_protocol(path: Path, front_matter: str = DECIDED) -> Path:
 
 # ---------------------------------------------------------------- decoder runs, synthesised
 
-# What a decoder measurement would say if the GPU did exactly as predicted: decoder.py's own
-# document built from its mirror, with fixed clocks. No decoder run from a GPU is committed
-# yet; these stand in for one in the stage tests (the GPU tests measure real ones).
+# What a decoder measurement would say if the H200 did exactly as predicted: decoder.py's own
+# document, its rows the trace's prediction with the committed H200 calibration, with fixed
+# clocks. They stand in for a run in the stage tests (the GPU tests measure real ones).
 H200_USABLE_BYTES = 150109880320 - 718077952  # total - CUDA context, the committed H200 runs
 
 
@@ -127,7 +128,11 @@ def decoder_measurement(
     environment["gpu"]["allocator_settings"] = dict(allocator)
     document = decoder.new_measurement(shape, preset, run, "cuda:0", args.seed, environment)
     document["created_utc"] = "2026-12-04T10:00:00Z"
-    rows, mirror = decoder.predict(shape, run, args.calibration)
+    traced, prediction, source = predicted_on_h200(tuple(flags))
+    rows = [
+        {**fields, **{key: row[key] for key in decoder.COUNTER_KEYS}}
+        for fields, row in zip(decoder.row_fields(run), prediction.rows, strict=True)
+    ]
     status = "completed"
     for i, predicted in enumerate(rows):
         if memory_bytes is not None and predicted["peak_reserved_bytes"] > memory_bytes:
@@ -148,13 +153,23 @@ def decoder_measurement(
             {**predicted, "wall_time_ns": 2_000_000 + 1000 * i, "event_time_ns": 1_900_000 + i}
         )
     document["status"] = status
-    if status == "completed":
-        document["measured_attention_backend"] = {
-            kind: mirror.backends.get(kind, "math") for kind in ("prefill", "decode")
-        }
-    decoder.add_predictions(document, shape, run, args.calibration)
-    document["summary"] = decoder.summarise(document)
+    if status == "completed":  # what the H200 chose for these shapes (attention_choice)
+        document["measured_attention_backend"] = {"prefill": "cudnn", "decode": "cudnn"}
+    decoder.add_predictions(document, traced, prediction, source)
     return document
+
+
+@functools.cache
+def predicted_on_h200(flags: tuple[str, ...]):
+    """decoder.py estimate --gpu h200 FLAGS: (trace, prediction, calibration source), once
+    per configuration (a trace takes a second or two)."""
+    import torch
+
+    from pipeline.measuring import decoder
+
+    args = decoder.build_parser().parse_args(["estimate", *flags])
+    shape, _ = decoder.shape_from_args(args)
+    return decoder.predicted(torch, shape, decoder.run_configuration(args), "h200")
 
 
 def decoder_bytes(flags: list[str], memory_bytes: int | None = H200_USABLE_BYTES) -> bytes:

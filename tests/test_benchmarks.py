@@ -23,7 +23,6 @@ GPU_SCRIPTS = {
     "own_model_grid.py": ["--device", "cuda:0", "--output-dir", "OUT"],
     "prediction_grid.py": ["--device", "cuda:0", "--output-dir", "OUT"],
     "decoder_grid.py": ["--device", "cuda:0", "--output-dir", "OUT"],
-    "decoder_trace.py": ["--device", "cuda:0", "--output-dir", "OUT"],
     "equivalence_grid.py": ["OUT", "--device", "cuda:0"],
     "context_room.py": ["--device", "cuda:0", "--output-dir", "."],
     "bench_sweep.py": ["--device", "cuda:0", "--points", "2"],
@@ -63,16 +62,6 @@ def test_the_guard_says_when_there_is_no_pytorch(tmp_path):
     assert gpu_guard.gpu_problem("cuda:0", str(python)) == (
         f"no PyTorch in {python}: this benchmark measures on a GPU"
     )
-
-
-def test_the_trace_refit_from_a_committed_trace_still_needs_no_gpu(tmp_path):
-    """decoder_trace.py --from-trace refits on the CPU: the guard is not in its way."""
-    trace = ROOT / "runs" / "20261203T100200Z-decoder-trace" / "decoder-trace.tar.gz"
-    result = run("decoder_trace.py", ["--from-trace", str(trace), "--output-dir", "out"], tmp_path)
-    assert result.returncode in (0, 1), result.stderr[-2000:]  # 1: the mirror differs
-    assert "error" not in result.stderr
-    assert "kernel blocks not predicted" in result.stdout
-    assert (tmp_path / "out").is_dir()
 
 
 def test_the_own_model_grid_exits_1_when_a_point_was_not_measured(tmp_path, monkeypatch):

@@ -1,6 +1,5 @@
-"""The trace that predicts every other workload, run on the decoder through the phase driver
-its measurements used, against committed H200 decoder measurements: the step before the
-decoder's own replay (the Mirror) can go (tests/benchmarks/decoder_by_trace.py runs all)."""
+"""tests/benchmarks/decoder_by_trace.py, which compares `decoder.py estimate --gpu` with every
+committed decoder measurement: its comparison, and its points for a probe sweep."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from conftest import RUNS
 torch = pytest.importorskip("torch")
 import decoder_by_trace  # noqa: E402
 
-from pipeline.predicting import attention_choice, gpu_calibration  # noqa: E402
+from pipeline.predicting import gpu_calibration  # noqa: E402
 from pipeline.predicting import trace_prediction as tp  # noqa: E402
 from pipeline.predicting.trace_prediction import PredictionStatus  # noqa: E402
 
@@ -22,9 +21,7 @@ GRID = RUNS / "20261203T093850Z-decoder-grid" / "grid"
 
 def predicted(name: str):
     calibration, facts = gpu_calibration.load("h200")
-    target = attention_choice.TargetGpu(
-        facts["gpu"]["name"], tuple(facts["gpu"]["capability"]), facts["torch"]
-    )
+    target = gpu_calibration.target(facts)
     document = json.loads((GRID / name).read_text(encoding="utf-8"))
     prediction = decoder_by_trace.trace_point(torch, document, target, calibration)
     return prediction, decoder_by_trace.compare(prediction, document["phases"])
@@ -77,15 +74,3 @@ def test_every_committed_point_becomes_a_probe_line_of_its_own_run():
         assert decoder.run_configuration(args) == {
             key: configuration[key] for key in decoder.RUN_DEFAULTS
         }
-
-
-def test_the_mirror_today_is_replayed_with_the_calibration_measure_finds():
-    """The long-prompt point the Mirror missed when it was measured (an earlier calibration)
-    is equal with today's, which was derived from that very shape; a float32 point it
-    predicted from the math attention (the GPU took another kernel) stays apart."""
-    point = json.loads((GRID / "bfloat16-mha-l2-w1024-p4096.json").read_text("utf-8"))
-    assert any(row["predicted"]["peak_allocated_bytes"] != row["peak_allocated_bytes"]
-               for row in point["phases"])  # fmt: skip
-    assert decoder_by_trace.mirror_today(point)
-    other = json.loads((GRID / "float32-mha-l1-w256.json").read_text("utf-8"))
-    assert not decoder_by_trace.mirror_today(other)

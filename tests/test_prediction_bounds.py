@@ -230,7 +230,7 @@ def test_bounds_that_do_not_hold_the_prediction_are_refused(capsys):
         "created_utc": "2026-12-03T00:00:00Z",
         "status": "predicted",
     }
-    record = own_model.prediction_record(path_rows, prediction, None)
+    record = tp.prediction_record(path_rows, prediction, None)
     assert own_model.bounds_facts(record) == []
     record["bounds"]["phases"][0]["peak_allocated_bytes"]["lower"] = MIB + 1
     assert own_model.bounds_facts(record) == [

@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.artefacts import validate
-from pipeline.measuring import decoder
 from pipeline.stages import fit
 
 LARGE_RUN = "20261202T112323Z-50900d"  # a kit run on the H200 (environment in its measurement)
@@ -208,7 +207,7 @@ def test_a_sweep_whose_answer_is_not_its_last_completed_point_is_refused(tmp_pat
     refused(fit_of(sweep, runs), "$.largest_fitted: not the last completed point")
 
 
-# ---------------------------------------------------------------- decoder calibrations
+# ---------------------------------------------------------------- decoder calibrations (evidence)
 
 
 def calibration_with(tmp_path: Path, change) -> Path:
@@ -244,32 +243,20 @@ CALIBRATIONS = [
     ids=[name for name, _, _ in CALIBRATIONS],
 )
 def test_a_decoder_calibration_validate_rejects_is_refused(tmp_path, change, words):
+    """The decoder calibrations committed as evidence (decoder.py 1.0.0 predicted with them)
+    are still checked: a broken one is named, with where it breaks."""
     path = calibration_with(tmp_path, change)
-    result = run_script(
-        "decoder.py", "estimate", "--preset", "llama-3.1-8b", "--calibration", str(path)
-    )
-    refused(result, "c.json", words)
-    assert run_script("validate.py", str(path)).returncode == 1
+    result = run_script("validate.py", str(path))
+    assert result.returncode == 1
+    assert words in result.stdout + result.stderr
 
 
 def test_a_calibration_nested_too_deep_is_one_line(tmp_path):
     path = tmp_path / "deep.json"
     path.write_text("[" * 100_000 + "]" * 100_000)
-    result = run_script("decoder.py", "estimate", "--preset", "llama-3.1-8b", "--calibration", path)
-    refused(result, "deep.json: not valid JSON (nested too deeply)")
     spec = f"{ROOT / 'pipeline' / 'workloads' / 'resnet_cnn.py'}:resnet"
     result = run_script("own_model.py", "estimate", "--workload", spec, "--calibration", path)
     refused(result, "deep.json: not valid JSON (nested too deeply)")
-
-
-def test_a_calibration_of_another_gpu_or_pytorch_is_refused_by_measure():
-    calibration = decoder.Calibration.load(CALIBRATION)
-    environment = {"gpu": {"name": "NVIDIA H200"}, "torch": {"version": "2.11.0+cu130"}}
-    decoder.refuse_foreign_calibration(calibration, environment)  # its own: accepted
-    for gpu, torch in [("NVIDIA A100-SXM4-80GB", "2.11.0+cu130"), ("NVIDIA H200", "2.13.0")]:
-        other = {"gpu": {"name": gpu}, "torch": {"version": torch}}
-        with pytest.raises(validate.cli.UsageError, match=f"this run is on {gpu} with torch"):
-            decoder.refuse_foreign_calibration(calibration, other)
 
 
 def test_a_decoder_measurement_whose_calibration_is_another_gpus_does_not_validate():

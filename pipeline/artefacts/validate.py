@@ -379,9 +379,37 @@ def decoder_facts(document: dict) -> list[str]:
         for key, value in expected.items()
         if summary[key] != value
     ]
+    if decoder_rules.traced(document["prediction"]):
+        errors += traced_decoder_facts(document)
     if not predicted_only:
         errors += decoder_prediction_facts(summary["prediction"], phases)
         errors += gpu_facts(document["environment"]["gpu"], configuration["device"])
+    return errors
+
+
+def traced_decoder_facts(document: dict) -> list[str]:
+    """A traced prediction (decoder.py 2): its rows are the plan's, each row's predicted
+    counters are its, and a measurement's verdict (status, held, bounds held) is what the
+    rows give."""
+    from pipeline.workloads import own_model_facts  # as for an own-model file
+
+    prediction, phases = document["prediction"], document["phases"]
+    errors = own_model_facts.prediction_peak_facts(prediction)
+    rows = prediction["phases"]
+    plan = [row[:2] for row in decoder_plan(document["configuration"])]
+    if [(row["phase"], row.get("repetition")) for row in rows] != plan:
+        errors.append("$.prediction.phases: not the rows of the configuration's plan")
+    for i, (row, expected) in enumerate(zip(phases, rows, strict=False)):
+        if row["predicted"] != {key: expected[key] for key in phase_protocol.COUNTER_KEYS}:
+            errors.append(f"$.phases[{i}].predicted: not $.prediction.phases[{i}]")
+    if document["status"] != RunStatus.PREDICTED:
+        summary = document["summary"]["prediction"]
+        expected = own_model_facts.verdict(document)
+        errors += [
+            f"$.summary.prediction.{key}: {summary.get(key)!r}, the rows give {value!r}"
+            for key, value in expected.items()
+            if summary.get(key) != value
+        ]
     return errors
 
 
@@ -426,7 +454,8 @@ def calibration_run_facts(document: dict) -> list[str]:
     """A decoder measurement's calibration was measured on the GPU model and PyTorch it ran
     with: kernels' own blocks belong to one GPU model and one PyTorch."""
     calibration = document["prediction"]["calibration"]
-    if calibration is None or document["status"] == RunStatus.PREDICTED:
+    traced = decoder_rules.traced(document["prediction"])  # its probes: this process's own
+    if traced or calibration is None or document["status"] == RunStatus.PREDICTED:
         return []
     ran = {
         "gpu": document["environment"]["gpu"].get("name"),

@@ -535,46 +535,6 @@ def workload_record(setting: Setting, facts: dict, rows: list[dict]) -> dict:
     }
 
 
-def prediction_record(trace, prediction, calibration_source: str | None) -> dict:
-    rows = trace_prediction.prediction_rows(prediction)
-    record = {
-        "status": prediction.status,
-        "unknown": prediction.unknown,
-        "method": trace_prediction.METHOD,
-        "trace": {
-            "torch": trace.torch_version,
-            "build": trace.build,
-            "device": trace.device,
-            "operator_calls": trace.operator_calls,
-            "distinct_calls": len(trace.signatures),
-        },
-        "calibration": calibration_source,
-        "phases": rows,
-        "largest_peak_allocated_bytes": max(
-            (r["peak_allocated_bytes"] for r in rows), default=None
-        ),
-        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in rows), default=None),
-    }
-    if prediction.address_orders is not None:
-        record["address_orders"] = prediction.address_orders
-    if prediction.bounds is not None:
-        record["bounds"] = {
-            "method": trace_prediction.BOUNDS_METHOD,
-            "phases": [
-                {
-                    **{key: row[key] for key in ("phase", "repetition") if key in row},
-                    **{key: {"lower": low, "upper": high} for key, (low, high) in found.items()},
-                }
-                for row, found in zip(rows, prediction.bounds, strict=True)
-            ],
-        }
-    if prediction.unbounded is not None:
-        record["unbounded"] = prediction.unbounded
-    if prediction.reason is not None:
-        record["reason"] = prediction.reason
-    return record
-
-
 class Gpu:
     """Everything `measure` asks of the GPU, in one place: the tests stand a CPU in for it."""
 
@@ -661,7 +621,7 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
             events = history["snapshot"]["device_traces"][device.index]
             rank = trace_prediction.segment_ranks(events)
             history["replay_real_order"] = trace_prediction.replay(trace, calibration, rank)[0]
-    document["prediction"] = prediction_record(trace, prediction, "this process")
+    document["prediction"] = trace_prediction.prediction_record(trace, prediction, "this process")
     for row in rows:
         row["harness_overhead_ns"] = row["wall_time_ns"] - row["event_time_ns"]
     document["summary"] = summarise(document)
@@ -795,13 +755,9 @@ def estimate(args) -> int:
     setting = setting_from(args)
     calibration, source, target = None, None, None
     if args.gpu is not None:
-        from pipeline.predicting import attention_choice
-
         calibration, facts = gpu_calibration.load(args.gpu)
         source = calibration.source
-        target = attention_choice.TargetGpu(
-            facts["gpu"]["name"], tuple(facts["gpu"]["capability"]), facts["torch"]
-        )
+        target = gpu_calibration.target(facts)
     if args.calibration is not None:
         calibration, source = read_calibration(Path(args.calibration))
     torch = environment_capture.import_torch()
@@ -827,7 +783,7 @@ def estimate(args) -> int:
         "configuration": configuration_record(setting, trace.device),
         "workload": workload_record(setting, facts, []),
         "phase_scopes": PHASE_SCOPES,
-        "prediction": prediction_record(trace, prediction, source),
+        "prediction": trace_prediction.prediction_record(trace, prediction, source),
     }
     if args.json:
         print(json.dumps(document, indent=2))

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from pipeline.core import cli
 from pipeline.core.call_keys import form, layout, rule_key, sizes, within  # noqa: F401 (gc.form... stay)
-from pipeline.predicting import kernel_formulas, reduce_scratch, trace_prediction
+from pipeline.predicting import attention_choice, kernel_formulas, reduce_scratch, trace_prediction
 
 SCHEMA = "iteragpu-lab/gpu-calibration/v1"
 FOLDER = Path(__file__).resolve().parents[2] / "calibrations"
@@ -258,6 +258,23 @@ def load(name: str) -> tuple[trace_prediction.Calibration, dict]:
         ),
     )
     return calibration, document
+
+
+def target(facts: dict) -> attention_choice.TargetGpu:
+    """The GPU a calibration file was measured on, as the target a trace without it takes:
+    its kernel choices are that GPU's."""
+    gpu = facts["gpu"]
+    return attention_choice.TargetGpu(gpu["name"], tuple(gpu["capability"]), facts["torch"])
+
+
+def for_gpu(gpu_name: str | None, torch_version: str | None):
+    """(calibration, facts) of the committed file measured on this GPU model with this
+    PyTorch, or None: another GPU's or PyTorch's kernels allocate other blocks."""
+    for name, file in sorted(KNOWN.items()):
+        facts = json.loads((FOLDER / file).read_bytes())
+        if (facts["gpu"]["name"], facts["torch"]) == (gpu_name, torch_version):
+            return load(name)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

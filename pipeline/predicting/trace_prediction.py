@@ -2162,3 +2162,45 @@ def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> 
 def prediction_rows(prediction: Prediction) -> list[dict]:
     keys = ("phase", "repetition", "passes", *phase_protocol.COUNTER_KEYS)
     return [{key: row[key] for key in keys if key in row} for row in prediction.rows]
+
+
+def prediction_record(trace: Trace, prediction: Prediction, calibration_source: str | None) -> dict:
+    """What every measurement and estimate file says of its prediction (one record for every
+    workload): the claim, what it does not know, the trace, the rows, the bounds."""
+    rows = prediction_rows(prediction)
+    record = {
+        "status": prediction.status,
+        "unknown": prediction.unknown,
+        "method": METHOD,
+        "trace": {
+            "torch": trace.torch_version,
+            "build": trace.build,
+            "device": trace.device,
+            "operator_calls": trace.operator_calls,
+            "distinct_calls": len(trace.signatures),
+        },
+        "calibration": calibration_source,
+        "phases": rows,
+        "largest_peak_allocated_bytes": max(
+            (r["peak_allocated_bytes"] for r in rows), default=None
+        ),
+        "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in rows), default=None),
+    }
+    if prediction.address_orders is not None:
+        record["address_orders"] = prediction.address_orders
+    if prediction.bounds is not None:
+        record["bounds"] = {
+            "method": BOUNDS_METHOD,
+            "phases": [
+                {
+                    **{key: row[key] for key in ("phase", "repetition") if key in row},
+                    **{key: {"lower": low, "upper": high} for key, (low, high) in found.items()},
+                }
+                for row, found in zip(rows, prediction.bounds, strict=True)
+            ],
+        }
+    if prediction.unbounded is not None:
+        record["unbounded"] = prediction.unbounded
+    if prediction.reason is not None:
+        record["reason"] = prediction.reason
+    return record

@@ -84,8 +84,6 @@ def check_decoder_flags(argv: list[str]) -> None:
     args = decoder.build_parser().parse_args(argv)
     decoder.shape_from_args(args)
     decoder.run_configuration(args)
-    if args.calibration is not None:
-        decoder.Calibration.load(decoder.existing_calibration(args.calibration))
 
 
 # How each kind's `measure` flags are checked here, in its script's own words (the kind's

@@ -149,8 +149,12 @@ def need_of(source: Path) -> Need:
 
 
 def decoder_prediction_need(document: dict, name: str) -> Need:
-    """`decoder.py estimate --json`: the mirror's counters, and what it says it left out."""
+    """`decoder.py estimate --json`: the traced counters (traced_prediction_need); a file
+    written before the decoder was traced (its standard-library replay, `exact` and
+    `not_predicted`) is read as it says."""
     prediction = document["prediction"]
+    if "status" in prediction:
+        return traced_prediction_need(document, name, configuration_text(document["configuration"]))
     calibration = prediction["calibration"]
     notes = [
         f"calibration {calibration['file']} ({calibration['gpu']}, torch {calibration['torch']})"
@@ -208,8 +212,14 @@ def own_model_prediction_note(document: dict) -> str:
 
 
 def own_model_prediction_need(document: dict, name: str) -> Need:
-    """`own_model.py estimate --json`: the traced counters; an approximate one says so, one
-    the trace could not follow gives no figure."""
+    """`own_model.py estimate --json`."""
+    return traced_prediction_need(document, name, own_model_text(document))
+
+
+def traced_prediction_need(document: dict, name: str, what: str) -> Need:
+    """A traced prediction (every workload's `estimate --json`): its counters; an approximate
+    one is sized by its upper bound and says so, one the trace could not follow gives no
+    figure."""
     prediction = document["prediction"]
     if prediction["status"] == PredictionStatus.NOT_PREDICTED:
         why = prediction.get("reason", "the trace could not follow the code")
@@ -249,7 +259,7 @@ def own_model_prediction_need(document: dict, name: str) -> Need:
         peak_reserved_bytes=peak,
         basis=Basis.PREDICTION,
         source=name,
-        what=own_model_text(document),
+        what=what,
         gpu_name=None,
         notes=tuple(notes),
         approximate=approximate,

@@ -441,7 +441,7 @@ def sweep_picture(
             linestyle="none",
             label=(
                 (
-                    "predicted by decoder.py's mirror"
+                    "predicted by the trace"
                     if lines is not None
                     else "predicted by the allocator model"
                 )

@@ -38,10 +38,11 @@ from pathlib import Path
 import yaml
 
 from pipeline.artefacts import validate
-from pipeline.core import arguments, cli, run_folders, workload_kinds
+from pipeline.core import arguments, cli, environment_capture, run_folders, workload_kinds
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
 from pipeline.measuring import decoder, launcher, own_model
+from pipeline.predicting import gpu_calibration, trace_prediction
 from pipeline.stages import record
 from pipeline.workloads import seed_network
 
@@ -162,11 +163,6 @@ def check_decoder_plan(plan: dict, path: str) -> None:
 def decoder_base(args: argparse.Namespace) -> dict:
     """A decoder configuration as sweep.json records it: the preset (or none) and its whole
     shape, then what each point generates; refused in decoder.py's own words."""
-    if args.calibration is not None:
-        raise cli.UsageError(
-            "--calibration: each point uses the committed calibration of its GPU and PyTorch "
-            "(runs/*/decoder-calibration.json), as decoder.py measure does"
-        )
     shape, preset = decoder.shape_from_args(args)
     return {"preset": preset, "shape": dataclasses.asdict(shape), **decoder.run_configuration(args)}
 
@@ -217,21 +213,30 @@ def decoder_sweep_base(args: argparse.Namespace) -> tuple[str, dict]:
     return vary, base
 
 
-def decoder_predicted(configuration: dict, last: dict, runs_dir: Path) -> int:
+def decoder_predicted(configuration: dict, last: dict, runs_dir: Path) -> int | None:
     document = json.loads((runs_dir / last["run"] / "measurement.json").read_text())
     return decoder_predicted_peak(configuration, document["environment"])
 
 
-def decoder_predicted_peak(configuration: dict, environment: dict) -> int:
-    """The mirror's peak reserved for a point, with the calibration its GPU and PyTorch would
-    use (decoder.find_calibration, as `measure` chooses it)."""
-    shape = decoder.Shape(**configuration["shape"])
-    run = {name: configuration[name] for name in decoder.RUN_DEFAULTS}
-    calibration = decoder.find_calibration(
+def decoder_predicted_peak(configuration: dict, environment: dict) -> int | None:
+    """A point's peak reserved as `decoder.py estimate --gpu` predicts it, with the committed
+    calibration of the last point's GPU and PyTorch; the upper bound where the prediction is
+    approximate (the stop must not let a point past the memory). None without a calibration
+    for that GPU and PyTorch."""
+    found = gpu_calibration.for_gpu(
         environment["gpu"].get("name"), environment["torch"].get("version")
     )
-    rows, _ = decoder.predict(shape, run, calibration)
-    return max(row["peak_reserved_bytes"] for row in rows)
+    if found is None:
+        return None
+    calibration, facts = found
+    shape = decoder.Shape(**configuration["shape"])
+    run = {name: configuration[name] for name in decoder.RUN_DEFAULTS}
+    torch = environment_capture.import_torch()
+    traced = decoder.trace(torch, shape, run, 0, gpu_calibration.target(facts))
+    prediction = trace_prediction.predict(traced, calibration)
+    if prediction.bounds is not None:
+        return max(bound["peak_reserved_bytes"][1] for bound in prediction.bounds)
+    return max(row["peak_reserved_bytes"] for row in prediction.rows)
 
 
 # ---------------------------------------------------------------- your own model's points
@@ -518,8 +523,8 @@ def predicted_too_large(
     plan: dict, configuration: dict, points: list[dict], runs_dir: Path
 ) -> str | None:
     """With --memory-fraction: why the next point is not started, from its peak reserved
-    predicted with the last point's library blocks (the decoder's: its mirror, with the
-    calibration of the last point's GPU and PyTorch); None to go on or when not known."""
+    predicted with the last point's library blocks (the decoder's: traced, with the
+    committed calibration of the last point's GPU and PyTorch); None to go on or when not known."""
     last = points[-1] if points else None
     if "memory_fraction" not in plan["stop"] or last is None:
         return None

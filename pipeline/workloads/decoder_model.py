@@ -1,10 +1,8 @@
 """The decoder's PyTorch side: weights made on the device, a forward whose allocations can be
 read off the code, greedy generation with a preallocated KV cache.
 
-Imported by `decoder.py measure`, the tests and the GPU benchmarks, never by `decoder.py
-estimate`: the predictor there (decoder.Mirror, standard library only) has one method for each
-function here and replays its tensors allocation for allocation; tests/test_decoder.py runs
-this forward on the CPU under a dispatch trace and checks that the two agree.
+Run by `decoder.py measure` on the GPU and, through the same phase driver, traced on the meta
+device by `decoder.py estimate` (trace_prediction.py): what is predicted is this code.
 
 How the weights are made. Every parameter is created where it lives, `torch.empty` on the
 measured device in the measured dtype, then filled in place from one seeded generator on that
@@ -98,7 +96,7 @@ def rope_table(shape: decoder_shape.Shape, positions: int, dtype, device):
 
 class State:
     """What generation keeps between steps: the prompt, the generated tokens, the rotary tables
-    and the cache. Made in decoder.Mirror.inputs_and_cache's order."""
+    and the cache, in that order."""
 
     def __init__(self, shape: decoder_shape.Shape, run: dict, dtype, device, seed: int):
         batch, prompt, new = run["batch"], run["prompt"], run["new_tokens"]

@@ -42,6 +42,12 @@ def calibration_facts(document: dict) -> list[str]:
     return errors
 
 
+def traced(prediction: dict) -> bool:
+    """A prediction by the trace (decoder.py 2.0.0 on), not the standard-library replay the
+    files of decoder.py 1.0.0 carry (`exact`, `not_predicted`): both are read."""
+    return "status" in prediction
+
+
 def row_plan(run: dict) -> list[tuple[str, int | None, int, int]]:
     """The generation rows after the weights and the cache: (phase, repetition, first token
     index, tokens). The prefill makes token 0; warm-up the next `warmup`; then a decode row

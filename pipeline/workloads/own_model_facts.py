@@ -59,6 +59,19 @@ def bounds_held(document: dict) -> bool | None:
     )
 
 
+def verdict(document: dict) -> dict:
+    """A measurement's verdict on the prediction beside its rows (each row's `predicted`): the
+    claim, whether an exact one is equal on every counter of every row, whether the measured
+    peaks lie inside an approximate one's bounds (None where it does not apply)."""
+    by_counter = phase_protocol.prediction_summary(document)["by_counter"]
+    exact = document["prediction"]["status"] == PredictionStatus.EXACT
+    return {
+        "status": document["prediction"]["status"],
+        "held": not any(by_counter.values()) if exact else None,
+        "bounds_held": bounds_held(document),
+    }
+
+
 def summarise(document: dict) -> dict:
     phases = document["phases"]
     warm = [row for row in phases if row["phase"] == "warm_step"]

@@ -1,20 +1,17 @@
-"""The own-model trace run on the decoder workload, against every committed decoder measurement.
+"""`decoder.py estimate --gpu` against every committed decoder measurement, without a GPU.
 
     python tests/benchmarks/decoder_by_trace.py [--only SUBSTRING,...] [--gpu h200]
     python tests/benchmarks/decoder_by_trace.py --points > decoder-points.txt
 
-The decoder's predictions come from its own standard-library replay (decoder.py's Mirror);
-it can go once the trace, which predicts every other workload, reproduces every committed
-decoder point to the byte. This script is that check, without a GPU: each committed decoder
-measurement under runs/ is traced on the meta device as the given GPU runs it (its committed
-calibration, and the attention backend PyTorch picks there), through the same phase driver
-the measurement used (decoder.measure_rows), and compared with what the GPU measured on all
-six counters of every phase. Printed per point: equal or not, the trace's claim (exact or
-approximate) and whether the measured peaks lie within its bounds, the Mirror's verdict then
-(the `predicted` counters written beside the measured ones) and now (its replay today, with
-the newest committed decoder calibration for that GPU and PyTorch, as `measure` finds it),
-the seconds, and the first differences. Exit 1 if a claimed exact differs or a bound is
-broken. Not a test: it times.
+Each committed decoder measurement under runs/ is traced on the meta device as the given GPU
+runs it (its committed calibration, and the attention backend PyTorch picks there), through
+the phase driver the measurement used (decoder.measure_rows), as `decoder.py estimate --gpu`
+does, and compared with what the GPU measured on all six counters of every phase. Printed
+per point: equal or not, the trace's claim (exact or approximate) and whether the measured
+peaks lie within its bounds, whether the prediction written in the file when it was measured
+was equal (decoder.py 1.0.0's standard-library replay, for the older files), the seconds and
+the seconds per layer pass (decoder.ESTIMATE_BUDGET counts them), and the first differences.
+Exit 1 if a claimed exact differs or a bound is broken. Not a test: it times.
 
 --points prints instead one line per committed point for `python -m
 pipeline.measuring.probe_sweep` (NAME decoder ARGUMENTS): run on the GPU, its probes are what
@@ -35,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the 
 
 from pipeline.core.phase_protocol import COUNTER_KEYS  # noqa: E402
 from pipeline.measuring import decoder  # noqa: E402
-from pipeline.predicting import attention_choice, gpu_calibration  # noqa: E402
+from pipeline.predicting import gpu_calibration  # noqa: E402
 from pipeline.predicting import trace_prediction as tp  # noqa: E402
 from pipeline.predicting.trace_prediction import PredictionStatus  # noqa: E402
 from pipeline.workloads.decoder_shape import Shape  # noqa: E402
@@ -97,29 +94,13 @@ def compare(prediction: tp.Prediction, measured: list[dict]) -> dict:
         "equal": not differences and len(rows) == len(measured),
         "differences": differences,
         "broken": broken,
-        "mirror_equal": all(
+        "then_equal": all(
             m["predicted"][key] == m[key]
             for m in measured
             if "predicted" in m
             for key in COUNTER_KEYS
         ),
     }
-
-
-def mirror_today(document: dict) -> bool:
-    """The Mirror's replay today of the point, with the calibration `measure` would find
-    for its GPU and PyTorch: equal to the measurement on every counter?"""
-    configuration, environment = document["configuration"], document["environment"]
-    shape = Shape(**configuration["shape"])
-    run = {key: configuration[key] for key in decoder.RUN_DEFAULTS}
-    calibration = decoder.find_calibration(
-        environment["gpu"].get("name"), environment["torch"].get("version")
-    )
-    rows, _ = decoder.predict(shape, run, calibration)
-    measured = document["phases"]
-    return len(rows) == len(measured) and all(
-        row[key] == m[key] for row, m in zip(rows, measured, strict=True) for key in COUNTER_KEYS
-    )
 
 
 def main() -> int:
@@ -138,14 +119,11 @@ def main() -> int:
     import torch
 
     calibration, facts = gpu_calibration.load(args.gpu)
-    target = attention_choice.TargetGpu(
-        facts["gpu"]["name"], tuple(facts["gpu"]["capability"]), facts["torch"]
-    )
+    target = gpu_calibration.target(facts)
     points = committed()
     if args.only:
         points = [p for p in points if any(s in str(p) for s in args.only.split(","))]
-    totals = dict.fromkeys(("points", "equal", "mirror_equal", "exact", "false_exact"), 0)
-    totals["mirror_today"] = 0
+    totals = dict.fromkeys(("points", "equal", "then_equal", "exact", "false_exact"), 0)
     totals["bounds_broken"] = 0
     print(f"torch {torch.__version__}; calibration {calibration.source}", flush=True)
     for path in points:
@@ -157,12 +135,12 @@ def main() -> int:
         prediction = trace_point(torch, document, target, calibration)
         seconds = time.perf_counter() - started
         found = compare(prediction, document["phases"])
-        today = mirror_today(document)
+        configuration = document["configuration"]
+        passes = decoder.layer_passes(Shape(**configuration["shape"]), configuration)
         exact = prediction.status == PredictionStatus.EXACT
         totals["points"] += 1
         totals["equal"] += found["equal"]
-        totals["mirror_equal"] += found["mirror_equal"]
-        totals["mirror_today"] += today
+        totals["then_equal"] += found["then_equal"]
         totals["exact"] += exact
         totals["false_exact"] += exact and not found["equal"]
         totals["bounds_broken"] += bool(found["broken"])
@@ -172,9 +150,8 @@ def main() -> int:
         unknown = sorted({entry["op"] for entry in prediction.unknown})
         print(
             f"{'equal' if found['equal'] else 'differs':<8} {prediction.status:<12} "
-            f"{bounds:<14} mirror {'equal' if found['mirror_equal'] else 'differs':<8} "
-            f"today {'equal' if today else 'differs':<8}"
-            f"{seconds:6.1f} s  {path.relative_to(ROOT)}",
+            f"{bounds:<14} then {'equal' if found['then_equal'] else 'differs':<8}"
+            f"{seconds:6.1f} s {1000 * seconds / passes:5.1f} ms/pass  {path.relative_to(ROOT)}",
             flush=True,
         )
         for difference in found["differences"][:3]:
@@ -183,9 +160,9 @@ def main() -> int:
             print(f"    bound broken: {broken}")
         print(f"    not covered: {', '.join(unknown) or 'nothing'}")
     print(
-        f"{totals['points']} points: {totals['equal']} equal to the byte by the trace, "
-        f"{totals['mirror_equal']} by the Mirror then, {totals['mirror_today']} by the Mirror "
-        f"today; {totals['exact']} said exact, "
+        f"{totals['points']} points: {totals['equal']} equal to the byte by the trace "
+        f"({totals['then_equal']} by the prediction written when measured); "
+        f"{totals['exact']} said exact, "
         f"{totals['false_exact']} of them wrong; {totals['bounds_broken']} with a bound broken"
     )
     return 1 if totals["false_exact"] or totals["bounds_broken"] else 0

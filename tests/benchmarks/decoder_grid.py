@@ -1,8 +1,7 @@
 """Predicted against measured counters for decoder configurations, and one 8B-class point
 timed whole, on a real GPU.
 
-    python3 tests/benchmarks/decoder_grid.py --device cuda:0 --output-dir DIR \
-        [--calibration FILE] [--jobs 4]
+    python3 tests/benchmarks/decoder_grid.py --device cuda:0 --output-dir DIR [--jobs 4]
 
 1. The grid: 36 points (15 shapes in bfloat16 and float16, the 6 smallest in float32 too),
    each `decoder.py measure` in a fresh process, DIR/grid/<dtype>-<name>.json. Batch,
@@ -84,11 +83,9 @@ def shape_args(name: str) -> list[str]:
     )
 
 
-def measure(argv: list[str], output: Path, device: str, calibration) -> tuple[int, float, str]:
+def measure(argv: list[str], output: Path, device: str) -> tuple[int, float, str]:
     command = [sys.executable, *DECODER, "measure", "--device", device, *argv]
     command += ["--output", str(Path(output).resolve())]
-    if calibration:
-        command += ["--calibration", str(Path(calibration).resolve())]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     return done.returncode, time.perf_counter() - start, done.stderr.strip()
@@ -121,12 +118,9 @@ def point_record(document: dict, returncode: int, seconds: float) -> dict:
         "status": document["status"],
         "process_seconds": round(seconds, 3),
         "by_counter": differences(document) if document["phases"] else None,
-        "prediction_exact": prediction["exact"],
-        "not_predicted": [gap["what"] for gap in prediction["not_predicted"]],
-        "attention": {
-            "measured": document.get("measured_attention_backend"),
-            "predicted": prediction["attention_backend"],
-        },
+        "prediction_exact": prediction["status"] == "exact",
+        "not_predicted": [entry["op"] for entry in prediction["unknown"]],
+        "attention": {"measured": document.get("measured_attention_backend")},
     }
     timing = document["summary"].get("timing")
     if timing:
@@ -159,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="decoder_grid.py", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--output-dir", type=Path, required=True)
-    parser.add_argument("--calibration", type=Path)
     parser.add_argument("--jobs", type=int, default=4)
     args = parser.parse_args(argv)
     gpu_guard.require_gpu("decoder_grid.py", args.device)
@@ -171,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     def one(point: tuple[str, str]) -> tuple[str, dict]:
         dtype, name = point
         output = grid_dir / f"{dtype}-{name}.json"
-        code, seconds, stderr = measure(
-            [*shape_args(name), "--dtype", dtype], output, args.device, args.calibration
-        )
+        code, seconds, stderr = measure([*shape_args(name), "--dtype", dtype], output, args.device)
         if not output.exists():
             return f"{dtype}-{name}", {"exit": code, "error": stderr[-500:]}
         return f"{dtype}-{name}", point_record(json.loads(output.read_text()), code, seconds)
@@ -189,15 +180,13 @@ def main(argv: list[str] | None = None) -> int:
 
     floors = [floor()]
     output = args.output_dir / "llama-3.1-8b-b8-p2048-n128.json"
-    code, seconds, stderr = measure(POINT, output, args.device, args.calibration)
+    code, seconds, stderr = measure(POINT, output, args.device)
     floors.append(floor())
     if code not in (0, 3):
         print(f"llama-3.1-8b point: exit {code}: {stderr[-500:]}")
     point = point_record(json.loads(output.read_text()), code, seconds) if output.exists() else {}
     one_row = args.output_dir / "llama-3.1-8b-b8-p2048-n128-one-row.json"
-    code_row, seconds_row, _ = measure(
-        [*POINT, "--tokens-per-row", "126"], one_row, args.device, args.calibration
-    )
+    code_row, seconds_row, _ = measure([*POINT, "--tokens-per-row", "126"], one_row, args.device)
     row = point_record(json.loads(one_row.read_text()), code_row, seconds_row)
     silent = [k for k, r in [*grid.items(), ("point", point)] if claims_exact_but_differs(r)]
     summary = {
