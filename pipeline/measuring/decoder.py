@@ -78,10 +78,10 @@ RUN_DEFAULTS = {
 }
 # The trace runs every decoder layer once per generated token (the prefill makes the first):
 # layers x (new tokens + 1) layer passes, known from the configuration before any work, each
-# about 15 ms on a 2-core CPU (tests/benchmarks/decoder_by_trace.py prints them). An estimate
+# 17 to 24 ms on a 2-core CPU (tests/benchmarks/decoder_by_trace.py prints them). An estimate
 # past the budget is refused up front rather than left running for minutes. The default
 # admits every committed configuration (at most 32 x 129: Llama-3.1-8B with 128 new tokens,
-# about a minute); --estimate-budget raises it knowingly.
+# 71 s); --estimate-budget raises it knowingly.
 ESTIMATE_BUDGET = 5_000
 
 
@@ -640,7 +640,7 @@ def add_budget(parser) -> None:
         default=ESTIMATE_BUDGET,
         metavar="PASSES",
         help="the most layer passes, layers x (new tokens + 1), the prediction may trace "
-        f"(default {ESTIMATE_BUDGET}: about a minute on a 2-core CPU)",
+        f"(default {ESTIMATE_BUDGET}: about 2 minutes on a 2-core CPU)",
     )
 
 
