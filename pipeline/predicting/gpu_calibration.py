@@ -267,13 +267,13 @@ def target(facts: dict) -> attention_choice.TargetGpu:
     return attention_choice.TargetGpu(gpu["name"], tuple(gpu["capability"]), facts["torch"])
 
 
-def for_gpu(gpu_name: str | None, torch_version: str | None):
-    """(calibration, facts) of the committed file measured on this GPU model with this
+def name_for(gpu_name: str | None, torch_version: str | None) -> str | None:
+    """The `--gpu` name of the committed calibration measured on this GPU model with this
     PyTorch, or None: another GPU's or PyTorch's kernels allocate other blocks."""
     for name, file in sorted(KNOWN.items()):
         facts = json.loads((FOLDER / file).read_bytes())
         if (facts["gpu"]["name"], facts["torch"]) == (gpu_name, torch_version):
-            return load(name)
+            return name
     return None
 
 

@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -38,11 +39,11 @@ from pathlib import Path
 import yaml
 
 from pipeline.artefacts import validate
-from pipeline.core import arguments, cli, environment_capture, run_folders, workload_kinds
+from pipeline.core import arguments, cli, run_folders, workload_kinds
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
 from pipeline.measuring import decoder, launcher, own_model
-from pipeline.predicting import gpu_calibration, trace_prediction
+from pipeline.predicting import gpu_calibration
 from pipeline.stages import record
 from pipeline.workloads import seed_network
 
@@ -219,24 +220,26 @@ def decoder_predicted(configuration: dict, last: dict, runs_dir: Path) -> int | 
 
 
 def decoder_predicted_peak(configuration: dict, environment: dict) -> int | None:
-    """A point's peak reserved as `decoder.py estimate --gpu` predicts it, with the committed
-    calibration of the last point's GPU and PyTorch; the upper bound where the prediction is
-    approximate (the stop must not let a point past the memory). None without a calibration
-    for that GPU and PyTorch."""
-    found = gpu_calibration.for_gpu(
+    """A point's peak reserved as `decoder.py estimate --gpu` predicts it, run as a user runs
+    it (a child process: this one never imports torch), with the committed calibration of the
+    last point's GPU and PyTorch; the upper bound where the prediction is approximate (the
+    stop must not let a point past the memory). None without a calibration for that GPU and
+    PyTorch, or when the estimate fails (said on stderr)."""
+    gpu = gpu_calibration.name_for(
         environment["gpu"].get("name"), environment["torch"].get("version")
     )
-    if found is None:
+    if gpu is None:
         return None
-    calibration, facts = found
-    shape = decoder.Shape(**configuration["shape"])
-    run = {name: configuration[name] for name in decoder.RUN_DEFAULTS}
-    torch = environment_capture.import_torch()
-    traced = decoder.trace(torch, shape, run, 0, gpu_calibration.target(facts))
-    prediction = trace_prediction.predict(traced, calibration)
-    if prediction.bounds is not None:
-        return max(bound["peak_reserved_bytes"][1] for bound in prediction.bounds)
-    return max(row["peak_reserved_bytes"] for row in prediction.rows)
+    command = [sys.executable, "-m", decoder.__name__, "estimate"]
+    command += [*decoder_flags(configuration), "--gpu", gpu, "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=launcher.ROOT)
+    if done.returncode != 0:
+        print(f"sweep.py: the next point's estimate failed: {done.stderr.strip()}", file=sys.stderr)
+        return None
+    prediction = json.loads(done.stdout)["prediction"]
+    if "bounds" in prediction:
+        return max(row["peak_reserved_bytes"]["upper"] for row in prediction["bounds"]["phases"])
+    return prediction["largest_peak_reserved_bytes"]
 
 
 # ---------------------------------------------------------------- your own model's points
