@@ -20,6 +20,7 @@ from pipeline.artefacts import validate
 from pipeline.measuring import decoder
 from pipeline.predicting import trace_prediction
 from pipeline.predicting.trace_prediction import PredictionStatus
+from pipeline.workloads import decoder_rules
 
 COUNTER_KEYS = decoder.COUNTER_KEYS
 REGISTRY = validate.load_registry()
@@ -153,6 +154,26 @@ def test_rows_cover_every_generated_token_once():
         ("decode", 8, 2, 2),
         ("decode", 10, 1, 1),
     ]
+
+
+@given(st.integers(2, 300), st.integers(1, 5), st.integers(1, 9))
+def test_the_rows_counted_are_the_rows_planned(new_tokens, warmup, per_row):
+    """validate.py counts a file's planned rows without building the plan (a file may claim
+    billions of tokens): the count is the plan's length."""
+    run = run_of(new_tokens=max(new_tokens, warmup + 1), warmup=warmup, tokens_per_row=per_row)
+    assert decoder_rules.planned_rows(run) == 2 + len(decoder.row_plan(run))
+
+
+def test_a_file_claiming_a_trillion_tokens_is_refused_without_planning_them():
+    """One planned row per token would take terabytes: the file is refused from its count."""
+    document = predicted_tiny()
+    document["configuration"]["new_tokens"] = 10**12
+    document["cache"]["positions"] = document["configuration"]["prompt"] + 10**12
+    errors = validate.validate_document(document, REGISTRY)
+    assert any(
+        error.startswith("$.phases: 6 rows, the plan of prompt 16, new_tokens 1000000000000")
+        for error in errors
+    ), errors
 
 
 def test_large_rotary_tables_and_cache_share_one_20_mib_segment():

@@ -24,6 +24,7 @@ import datetime
 import fcntl
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -302,15 +303,18 @@ def prediction_facts(document: dict) -> list[str]:
     return errors
 
 
-def decoder_plan(run: dict) -> list[tuple[str, int | None, int, int, int]]:
-    """(phase, repetition, tokens, passes, first position) of every row decoder.py writes."""
+def decoder_plan(run: dict, limit: int) -> list[tuple[str, int | None, int, int, int]]:
+    """(phase, repetition, tokens, passes, first position) of the first `limit` rows
+    decoder.py writes (decoder_rules.planned_rows counts them all)."""
     plan = [("model_load", None, 0, 0, 0), ("inputs_and_cache", None, 0, 0, 0)]
-    for phase, repetition, first, count in decoder_rules.row_plan(run):
+    for phase, repetition, first, count in itertools.islice(
+        decoder_rules.rows_of_plan(run), max(0, limit - 2)
+    ):
         passes = 1 if phase == "prefill" else count
         plan.append(
             (phase, repetition, count, passes, decoder_rules.first_position(run, phase, first))
         )
-    return plan
+    return plan[:limit]
 
 
 def decoder_facts(document: dict) -> list[str]:
@@ -329,24 +333,25 @@ def decoder_facts(document: dict) -> list[str]:
                     f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns"
                 )
         errors += _counter_facts(f"$.phases[{i}].predicted", row["predicted"])
-    plan = decoder_plan(configuration)
     rows = [
         (r["phase"], r.get("repetition"), r["tokens"], r["passes"], r["first_position"])
         for r in phases
     ]
+    planned = decoder_rules.planned_rows(configuration)
+    plan = decoder_plan(configuration, len(rows) + 1)
     if document["status"] == RunStatus.OUT_OF_MEMORY:
         failure = document["failure"]
         errors += _counter_facts(
             "$.failure.counters_after_failure", failure["counters_after_failure"]
         )
-        if len(rows) >= len(plan) or rows != plan[: len(rows)]:
+        if len(rows) >= planned or rows != plan[: len(rows)]:
             errors.append("$.phases: rows of an out-of-memory run must be a prefix of the plan")
         elif (failure["phase"], failure["repetition"]) != plan[len(rows)][:2]:
             errors.append(
                 f"$.failure: {failure['phase']!r} repetition {failure['repetition']}, but the "
                 f"next planned row is {plan[len(rows)][0]!r} repetition {plan[len(rows)][1]}"
             )
-    elif rows != plan:
+    elif len(rows) != planned or rows != plan[: len(rows)]:
         first = next((i for i, (a, b) in enumerate(zip(rows, plan, strict=False)) if a != b), None)
         where = (
             f"row {first} is {rows[first]}, the plan's {plan[first]}" if first is not None else ""
@@ -354,7 +359,7 @@ def decoder_facts(document: dict) -> list[str]:
         errors.append(
             f"$.phases: {len(rows)} rows, the plan of prompt {configuration['prompt']}, "
             f"new_tokens {configuration['new_tokens']}, warmup {configuration['warmup']}, "
-            f"tokens_per_row {configuration['tokens_per_row']} has {len(plan)}"
+            f"tokens_per_row {configuration['tokens_per_row']} has {planned}"
             + (f" ({where})" if where else "")
         )
     cache = document["cache"]
@@ -395,9 +400,12 @@ def traced_decoder_facts(document: dict) -> list[str]:
 
     prediction, phases = document["prediction"], document["phases"]
     errors = own_model_facts.prediction_peak_facts(prediction)
-    rows = prediction["phases"]
-    plan = [row[:2] for row in decoder_plan(document["configuration"])]
-    if [(row["phase"], row.get("repetition")) for row in rows] != plan:
+    rows, configuration = prediction["phases"], document["configuration"]
+    plan = [row[:2] for row in decoder_plan(configuration, len(rows) + 1)]
+    if (
+        len(rows) != decoder_rules.planned_rows(configuration)
+        or [(row["phase"], row.get("repetition")) for row in rows] != plan[: len(rows)]
+    ):
         errors.append("$.prediction.phases: not the rows of the configuration's plan")
     for i, (row, expected) in enumerate(zip(phases, rows, strict=False)):
         if row["predicted"] != {key: expected[key] for key in phase_protocol.COUNTER_KEYS}:

@@ -52,14 +52,26 @@ def row_plan(run: dict) -> list[tuple[str, int | None, int, int]]:
     """The generation rows after the weights and the cache: (phase, repetition, first token
     index, tokens). The prefill makes token 0; warm-up the next `warmup`; then a decode row
     per `tokens_per_row` tokens (the last row may hold fewer)."""
-    plan: list[tuple[str, int | None, int, int]] = [("prefill", None, 0, 1)]
-    plan.append(("warmup", None, 1, run["warmup"]))
+    return list(rows_of_plan(run))
+
+
+def rows_of_plan(run: dict):
+    """row_plan's rows one by one: a reader of a file takes only as many as the file holds
+    (its configuration may claim billions of tokens)."""
+    yield ("prefill", None, 0, 1)
+    yield ("warmup", None, 1, run["warmup"])
     first, repetition = 1 + run["warmup"], 1
     while first < run["new_tokens"]:
         count = min(run["tokens_per_row"], run["new_tokens"] - first)
-        plan.append(("decode", repetition, first, count))
+        yield ("decode", repetition, first, count)
         first, repetition = first + count, repetition + 1
-    return plan
+
+
+def planned_rows(run: dict) -> int:
+    """How many rows a run of this configuration writes: the weights, the cache, the prefill,
+    the warm-up, and one decode row per tokens_per_row tokens after them."""
+    decoded = max(0, run["new_tokens"] - 1 - run["warmup"])
+    return 4 + -(-decoded // run["tokens_per_row"])
 
 
 def first_position(run: dict, phase: str, first: int) -> int:
