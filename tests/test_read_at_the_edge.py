@@ -437,3 +437,23 @@ def test_a_mutated_file_is_refused_in_one_line_or_answered_as_the_original(
     runs = tmp_path / "empty-runs"
     runs.mkdir(exist_ok=True)
     judged(original, tmp_path / "original.json", runs, capsys, place, value)
+
+
+@pytest.mark.parametrize("kind", ["kit", "decoder"])
+def test_a_file_claiming_a_trillion_repetitions_is_refused_in_one_line(tmp_path, kind):
+    """The rows a configuration plans are counted, never built: a file claiming 10**12
+    repetitions or tokens is refused at once, not after filling the memory."""
+    runs = tmp_path / "runs"
+    if kind == "kit":
+        folder = copy_run(runs, RUNS / LARGE_RUN)
+        document = json.loads((folder / "measurement.json").read_bytes())
+        document["configuration"]["repeats"] = 10**12
+        write(folder, "measurement.json", document)
+        words = "$.phases: 9 rows, expected 1000000000004 for repeats=1000000000000"
+    else:
+        document = decoder_prediction()
+        document["configuration"]["new_tokens"] = 10**12
+        document["cache"]["positions"] = document["configuration"]["prompt"] + 10**12
+        folder = write(tmp_path, "prediction.json", document)
+        words = "$.phases: 4 rows, the plan of prompt 8, new_tokens 1000000000000"
+    refused(fit_of(folder, runs), words)
