@@ -98,6 +98,11 @@ def decoder_log_runs(runs_dir: Path) -> list[str]:
     return [row["run_id"] for _, row in parsed]
 
 
+# The tests that share the 8B sweep below run on one test process: its points' traces (a few
+# seconds each) are then made once (runfixtures.predicted_on_h200 keeps them).
+ONE_PROCESS = pytest.mark.xdist_group("decoder-8b-sweep")
+
+
 @pytest.fixture(scope="module")
 def oom_sweep(tmp_path_factory):
     """The 8B preset from batch 8, doubling until the H200 would run out of memory."""
@@ -112,6 +117,7 @@ def oom_sweep(tmp_path_factory):
     return code, runner, summary, path, runs_dir, out.getvalue().splitlines()
 
 
+@ONE_PROCESS
 def test_a_decoder_sweep_runs_each_point_as_decoder_py_until_out_of_memory(oom_sweep):
     code, runner, summary, path, runs_dir, _ = oom_sweep
     assert code == 0  # an out-of-memory point ends a sweep normally
@@ -143,6 +149,7 @@ def test_a_decoder_sweep_runs_each_point_as_decoder_py_until_out_of_memory(oom_s
     assert validate.validate_json(path.read_bytes(), REGISTRY) == []
 
 
+@ONE_PROCESS
 def test_a_decoder_sweep_json_records_the_workload_and_the_decoder_configuration(oom_sweep):
     summary = oom_sweep[2]
     plan = summary["plan"]
@@ -173,6 +180,7 @@ def test_a_decoder_sweep_json_records_the_workload_and_the_decoder_configuration
     assert summary["points"][0]["configuration"] == dict(plan["base"], batch=8)
 
 
+@ONE_PROCESS
 def test_a_decoder_sweep_says_its_progress_and_ends_in_a_sentence(oom_sweep):
     out, path = oom_sweep[5], oom_sweep[3]
     assert out[0] == (
@@ -192,6 +200,7 @@ def test_a_decoder_sweep_says_its_progress_and_ends_in_a_sentence(oom_sweep):
     )
 
 
+@ONE_PROCESS
 def test_a_decoder_sweep_stops_before_a_point_predicted_too_large(tmp_path):
     """--memory-fraction 0.25 of the H200's 150109880320 bytes: batch 64's peak reserved, as
     `decoder.py estimate --gpu h200` predicts it, is over it. That prediction is approximate
@@ -361,6 +370,7 @@ def test_a_decoder_plan_runs_as_its_flags_would(tmp_path):
 # ---------------------------------------------------------------- fit.py on a decoder sweep
 
 
+@ONE_PROCESS
 def test_fit_prices_a_decoder_sweep_by_its_largest_completed_point(oom_sweep, capsys):
     summary, path, runs_dir = oom_sweep[2], oom_sweep[3], oom_sweep[4]
     argv = [str(path.parent), "--days", "7", "--accepted-results", "40", "--json"]
@@ -403,6 +413,7 @@ CATALOGUE_LINES = [
 ]
 
 
+@ONE_PROCESS
 def test_a_decoder_sweeps_picture_draws_every_catalogue_models_usable_memory(oom_sweep, tmp_path):
     path, runs_dir = oom_sweep[3], oom_sweep[4]
     out = tmp_path / "report"
@@ -417,6 +428,7 @@ def test_a_decoder_sweeps_picture_draws_every_catalogue_models_usable_memory(oom
     assert validate.validate_json((out / "report.json").read_bytes(), REGISTRY) == []
 
 
+@ONE_PROCESS
 def test_the_lines_are_labelled_on_the_picture_and_the_out_of_memory_point_apart(oom_sweep):
     path, runs_dir = oom_sweep[3], oom_sweep[4]
     source = report.read_source(path.parent)
