@@ -62,8 +62,9 @@ def test_a_small_decoder_is_measured_end_to_end(tmp_path, name):
 
 @pytest.mark.parametrize("name", CONFIGURATIONS)
 def test_predicted_equals_measured_on_every_counter(tmp_path, name):
-    """The trace replayed with this GPU's own probes: said exact, and equal on every counter
-    of every row; the summary's verdict says it held."""
+    """The trace replayed with this GPU's own probes: equal on every counter of every row,
+    and the summary's verdict says the claim held (an exact one to the byte, an approximate
+    one, for the segments' address order say, within its bounds)."""
     document = measure(tmp_path, CONFIGURATIONS[name])
     prediction = document["prediction"]
     differences = {
@@ -74,8 +75,11 @@ def test_predicted_equals_measured_on_every_counter(tmp_path, name):
     }
     assert differences == {}, prediction["unknown"]
     assert prediction["calibration"] == "this process"
-    assert prediction["status"] == "exact", prediction["unknown"]
-    assert document["summary"]["prediction"]["held"] is True
+    verdict = document["summary"]["prediction"]
+    if prediction["status"] == "exact":
+        assert verdict["held"] is True
+    else:
+        assert verdict["bounds_held"] in (True, None), prediction["unknown"]
 
 
 def test_the_estimate_without_a_gpu_says_what_this_gpu_measures(tmp_path):
