@@ -24,7 +24,6 @@ import datetime
 import fcntl
 import functools
 import hashlib
-import itertools
 import json
 import os
 import re
@@ -304,20 +303,6 @@ def prediction_facts(document: dict) -> list[str]:
     return errors
 
 
-def decoder_plan(run: dict, limit: int) -> list[tuple[str, int | None, int, int, int]]:
-    """(phase, repetition, tokens, passes, first position) of the first `limit` rows
-    decoder.py writes (decoder_rules.planned_rows counts them all)."""
-    plan = [("model_load", None, 0, 0, 0), ("inputs_and_cache", None, 0, 0, 0)]
-    for phase, repetition, first, count in itertools.islice(
-        decoder_rules.rows_of_plan(run), max(0, limit - 2)
-    ):
-        passes = 1 if phase == "prefill" else count
-        plan.append(
-            (phase, repetition, count, passes, decoder_rules.first_position(run, phase, first))
-        )
-    return plan[:limit]
-
-
 def decoder_facts(document: dict) -> list[str]:
     """What a decoder file's rows, plan and summary imply together: counters consistent in
     every row (measured and predicted), the rows in the plan's order (an out-of-memory run a
@@ -339,7 +324,7 @@ def decoder_facts(document: dict) -> list[str]:
         for r in phases
     ]
     planned = decoder_rules.planned_rows(configuration)
-    plan = decoder_plan(configuration, len(rows) + 1)
+    plan = decoder_rules.written_rows(configuration, len(rows) + 1)
     if document["status"] == RunStatus.OUT_OF_MEMORY:
         failure = document["failure"]
         errors += _counter_facts(
@@ -402,7 +387,7 @@ def traced_decoder_facts(document: dict) -> list[str]:
     prediction, phases = document["prediction"], document["phases"]
     errors = own_model_facts.prediction_peak_facts(prediction)
     rows, configuration = prediction["phases"], document["configuration"]
-    plan = [row[:2] for row in decoder_plan(configuration, len(rows) + 1)]
+    plan = [row[:2] for row in decoder_rules.written_rows(configuration, len(rows) + 1)]
     if (
         len(rows) != decoder_rules.planned_rows(configuration)
         or [(row["phase"], row.get("repetition")) for row in rows] != plan[: len(rows)]
@@ -413,7 +398,8 @@ def traced_decoder_facts(document: dict) -> list[str]:
             errors.append(f"$.phases[{i}].predicted: not $.prediction.phases[{i}]")
     if document["status"] != RunStatus.PREDICTED:
         summary = document["summary"]["prediction"]
-        expected = own_model_facts.verdict(document)
+        by_counter = phase_protocol.prediction_summary(document)["by_counter"]
+        expected = own_model_facts.verdict(document, by_counter)
         errors += [
             f"$.summary.prediction.{key}: {summary.get(key)!r}, the rows give {value!r}"
             for key, value in expected.items()

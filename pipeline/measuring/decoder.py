@@ -54,7 +54,9 @@ from pipeline.workloads import own_model_facts
 from pipeline.workloads.decoder_rules import (
     SCHEMA,
     first_position,
+    planned_rows,
     row_plan,
+    written_rows,
 )
 from pipeline.workloads.decoder_shape import (  # noqa: F401 (decoder.Shape, decoder.PRESETS... stay)
     BACKEND_NAMES,
@@ -246,18 +248,10 @@ PHASES_DOC = {
 
 def row_fields(run: dict) -> list[dict]:
     """What each row says besides its counters, in the order measure writes the rows."""
-    rows = [
-        {"phase": name, "passes": 0, "tokens": 0, "first_position": 0}
-        for name in ("model_load", "inputs_and_cache")
-    ]
-    for name, repetition, first, count in row_plan(run):
-        row = {"phase": name} if repetition is None else {"phase": name, "repetition": repetition}
-        row.update(
-            passes=1 if name == "prefill" else count,
-            tokens=count,
-            first_position=first_position(run, name, first),
-        )
-        rows.append(row)
+    rows = []
+    for phase, repetition, tokens, passes, first in written_rows(run, planned_rows(run)):
+        row = {"phase": phase} if repetition is None else {"phase": phase, "repetition": repetition}
+        rows.append({**row, "passes": passes, "tokens": tokens, "first_position": first})
     return rows
 
 
@@ -432,13 +426,11 @@ def add_predictions(document: dict, traced, prediction, source: str) -> None:
 
 def summarise(document: dict) -> dict:
     phases, run = document["phases"], document["configuration"]
+    # the replay is of the native allocator with its default settings: anything else is said
+    comparison = phase_protocol.prediction_summary(document)
     summary = {
         **phase_protocol.peaks_summary(phases),
-        # the replay is of the native allocator with its default settings: anything else is said
-        "prediction": {
-            **phase_protocol.prediction_summary(document),
-            **own_model_facts.verdict(document),
-        },
+        "prediction": {**comparison, **own_model_facts.verdict(document, comparison["by_counter"])},
         "timing": None,
     }
     prefill = [r for r in phases if r["phase"] == "prefill"]

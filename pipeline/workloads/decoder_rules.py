@@ -5,6 +5,8 @@ library only: validate.py imports this module, and decoder.py re-exports every n
 
 from __future__ import annotations
 
+import itertools
+
 SCHEMA = "urn:iteragpu-lab:schema:decoder-measurement:v1"
 CALIBRATION_SCHEMA = "urn:iteragpu-lab:schema:decoder-calibration:v1"
 
@@ -65,6 +67,16 @@ def rows_of_plan(run: dict):
         count = min(run["tokens_per_row"], run["new_tokens"] - first)
         yield ("decode", repetition, first, count)
         first, repetition = first + count, repetition + 1
+
+
+def written_rows(run: dict, limit: int) -> list[tuple[str, int | None, int, int, int]]:
+    """(phase, repetition, tokens, passes, first position) of the first `limit` rows decoder.py
+    writes: the weights, the cache, then row_plan's (planned_rows counts them all)."""
+    rows = [("model_load", None, 0, 0, 0), ("inputs_and_cache", None, 0, 0, 0)]
+    for phase, repetition, first, count in itertools.islice(rows_of_plan(run), max(0, limit - 2)):
+        passes = 1 if phase == "prefill" else count
+        rows.append((phase, repetition, count, passes, first_position(run, phase, first)))
+    return rows[:limit]
 
 
 def planned_rows(run: dict) -> int:

@@ -42,9 +42,8 @@ def compare(document: dict) -> None:
     summary["largest_abs_difference_reserved_bytes"] = max(
         v for k, v in by_counter.items() if "reserved" in k
     )
-    exact = document["prediction"]["status"] == PredictionStatus.EXACT
-    summary["held"] = not any(by_counter.values()) if exact else None
-    summary["bounds_held"] = bounds_held(document)
+    found = verdict(document, by_counter)
+    summary["held"], summary["bounds_held"] = found["held"], found["bounds_held"]
 
 
 def bounds_held(document: dict) -> bool | None:
@@ -59,11 +58,11 @@ def bounds_held(document: dict) -> bool | None:
     )
 
 
-def verdict(document: dict) -> dict:
-    """A measurement's verdict on the prediction beside its rows (each row's `predicted`): the
-    claim, whether an exact one is equal on every counter of every row, whether the measured
-    peaks lie inside an approximate one's bounds (None where it does not apply)."""
-    by_counter = phase_protocol.prediction_summary(document)["by_counter"]
+def verdict(document: dict, by_counter: dict) -> dict:
+    """A measurement's verdict on the prediction beside its rows, from the largest difference
+    per counter: the claim, whether an exact one is equal on every counter of every row,
+    whether the measured peaks lie inside an approximate one's bounds (None where it does not
+    apply)."""
     exact = document["prediction"]["status"] == PredictionStatus.EXACT
     return {
         "status": document["prediction"]["status"],
