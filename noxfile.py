@@ -13,6 +13,7 @@ given to it mean what they mean in your shell.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -176,11 +177,38 @@ def run_stage(
 
 
 def install_cpu_torch(session: nox.Session) -> None:
-    """Install the pinned CPU torch once per reused venv (the index lookup is the slow part)."""
+    """Install the pinned CPU torch once per reused venv, from PyTorch's CPU index (on Linux,
+    PyPI's build needs CUDA: several GB). A CPU build that pip finds without any index (a
+    wheel house named by pip's --find-links) is taken as it is: with the CPU index as an extra
+    index pip asks it for every dependency too, and where it cannot be reached pip retries
+    each one for seconds."""
     probe = "import importlib.metadata as m; print(m.version('torch'))"
     found = session.run("python", "-c", probe, silent=True, success_codes=[0, 1])
-    if not (found or "").strip().startswith(TORCH_PIN.split("==")[1]):
-        session.install(TORCH_PIN, "--extra-index-url", TORCH_CPU_INDEX)
+    if (found or "").strip().startswith(TORCH_PIN.split("==")[1]):
+        return
+    wheel = local_cpu_build(session)
+    if wheel:
+        session.install(wheel)  # that very file; its dependencies from pip's indexes
+        return
+    session.install(TORCH_PIN, "--extra-index-url", TORCH_CPU_INDEX)
+
+
+def local_cpu_build(session: nox.Session) -> str | None:
+    """The wheel file of the pinned torch that pip finds without an index, if it needs none of
+    NVIDIA's CUDA packages (pip's dry run reads its metadata). Any doubt answers None."""
+    python = Path(session.bin) / "python"
+    command = [str(python), "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index",
+               "--quiet", "--disable-pip-version-check", "--report", "-", TORCH_PIN]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        (torch,) = json.loads(result.stdout)["install"]
+        requires = torch["metadata"].get("requires_dist") or []
+        url = torch["download_info"]["url"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if any(requirement.lower().startswith("nvidia-") for requirement in requires):
+        return None
+    return url if url.startswith("file:") else None
 
 
 @nox.session
