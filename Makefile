@@ -27,10 +27,26 @@ $(TOOLS)/nox-only/nox: | $(TOOLS)/bin/nox
 .PHONY: nox
 nox: $(if $(filter nox,$(NOX)),,$(TOOLS)/nox-only/nox)  ## Bootstrap nox into .tools/ (see README)
 
+# The kit sessions (a venv and the kit tests on each of four Pythons, about a minute) run
+# beside lint and the suite, whose environment pip builds with one core idle; their output
+# is shown once the suite is done, and make test fails if either fails.
+KIT_LOG := .nox/kit-sessions.log
+WITH_KIT_PYTHONS := $(if $(KIT_PYENV),PYENV_VERSION=$(KIT_PYENV) )
+
 .PHONY: test
 test: nox  ## Lint, then run the tests (CPU torch) and the kit tests on Python 3.10-3.13
 	$(if $(KIT_PYENV),@echo "Python versions on PATH: $(KIT_PYENV)")
-	$(if $(KIT_PYENV),PYENV_VERSION=$(KIT_PYENV) )$(NOX) -s lint tests kit
+	@echo "$(WITH_KIT_PYTHONS)$(NOX) -s kit > $(KIT_LOG) (beside the suite: shown after it)"
+	@mkdir -p .nox; \
+	$(WITH_KIT_PYTHONS)$(NOX) -s kit > $(KIT_LOG) 2>&1 & kit=$$!; \
+	trap 'pkill -TERM -P $$kit; kill $$kit 2>/dev/null; exit 130' INT TERM; \
+	echo "$(WITH_KIT_PYTHONS)$(NOX) -s lint tests"; \
+	$(WITH_KIT_PYTHONS)$(NOX) -s lint tests; suite=$$?; \
+	wait $$kit; kit_status=$$?; \
+	cat $(KIT_LOG); \
+	if [ $$kit_status -ne 0 ]; then echo "make test: the kit sessions failed (output above)" >&2; fi; \
+	if [ $$suite -ne 0 ]; then echo "make test: lint or the suite failed" >&2; exit $$suite; fi; \
+	exit $$kit_status
 
 .PHONY: archive
 archive: nox  ## Build dist/iteragpu-lab-v1.zip and MANIFEST.json (no GPU; never overwrites)

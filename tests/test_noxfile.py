@@ -8,13 +8,16 @@ and exits with $STAGE_EXIT, and this test interpreter under another name."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT
@@ -372,10 +375,40 @@ def test_make_test_puts_pyenvs_kit_pythons_on_path_as_ci_does(repo, tmp_path, in
     )
     assert made.returncode == 0, made.stderr
     shown = [] if wanted is None else [f"Python versions on PATH: {wanted}"]
+    prefix = "" if wanted is None else f"PYENV_VERSION={wanted} "
     assert made.stdout.splitlines() == [
         *shown,
-        f"PYENV_VERSION={wanted or 'unset'} nox -s lint tests kit",
+        f"{prefix}nox -s kit > .nox/kit-sessions.log (beside the suite: shown after it)",
+        f"{prefix}nox -s lint tests",
+        f"PYENV_VERSION={wanted or 'unset'} nox -s lint tests",
+        f"PYENV_VERSION={wanted or 'unset'} nox -s kit",  # the kit's log, after the suite
     ]
+
+
+@pytest.mark.parametrize(("suite", "kit"), [(0, 0), (0, 1), (3, 0), (3, 1)])
+def test_make_test_fails_when_the_suite_or_the_kit_sessions_fail(repo, tmp_path, suite, kit):
+    """The kit sessions run beside the suite: either failing fails make test, each failure
+    is named in a line, and the kit's output is shown after the suite's either way."""
+    fake = tmp_path / "fake"
+    executable(
+        fake / "nox",
+        f'#!/bin/sh\ncase "$*" in *kit*) echo "kit said this"; exit {kit};; esac\n'
+        f'echo "suite said this"; exit {suite}\n',
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "PYENV_VERSION"}
+    environ["PATH"] = os.pathsep.join([str(fake), os.defpath])  # no pyenv there
+    made = subprocess.run(
+        ["make", "-s", "-C", str(repo), "test"], env=environ, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert (made.returncode == 0) == (suite == kit == 0)
+    assert made.stdout.splitlines()[-2:] == ["suite said this", "kit said this"]
+    named = [line for line in made.stderr.splitlines() if line.startswith("make test: ")]
+    assert named == [
+        *(["make test: the kit sessions failed (output above)"] if kit else []),
+        *(["make test: lint or the suite failed"] if suite else []),
+    ]
+    assert (repo / ".nox" / "kit-sessions.log").read_text() == "kit said this\n"
 
 
 def test_gpu_tests_runs_the_shared_half_then_the_whole_gpu_half(repo, tmp_path):
@@ -400,3 +433,48 @@ def test_gpu_tests_without_pytest_xdist_is_one_line_naming_the_pins(repo, tmp_pa
         f"torch there, {python} -m pip install pytest==9.2.0 pytest-xdist==3.8.0"
     ]
     assert "arg: gpu" not in result.stdout  # no pytest run
+
+
+# ------------------------------------------------------------- the test environment's torch
+
+
+@functools.cache
+def load_noxfile():
+    """Loaded once: loading registers its sessions with nox, twice is warned of."""
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CPU_WHEEL = "file:///wheels/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+REPORTS = {  # what pip's dry run prints: the wheel the tests session installs, or None
+    "a local CPU wheel": ({"install": [{"metadata": {"requires_dist": ["filelock"]},
+                                         "download_info": {"url": CPU_WHEEL}}]}, CPU_WHEEL),
+    "a local CUDA wheel": ({"install": [{"metadata": {"requires_dist": [
+        'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"']},
+        "download_info": {"url": CPU_WHEEL}}]}, None),
+    "no requirements at all": ({"install": [{"metadata": {},
+                                             "download_info": {"url": CPU_WHEEL}}]}, CPU_WHEEL),
+    "a wheel from a server": ({"install": [{"metadata": {"requires_dist": []},
+        "download_info": {"url": "https://example.org/torch-2.13.0.whl"}}]}, None),
+    "nothing found": ({"install": []}, None),
+    "not JSON": ("ERROR: No matching distribution found for torch==2.13.0", None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", REPORTS)
+def test_the_cpu_index_is_skipped_only_for_a_local_cpu_wheel(tmp_path, case):
+    """The tests session takes torch from PyTorch's CPU index unless pip, asked with no index
+    at all, names a wheel file on this machine that needs none of NVIDIA's packages."""
+    report, wanted = REPORTS[case]
+    text = report if isinstance(report, str) else json.dumps(report)
+    (tmp_path / "report").write_text(text)
+    args = tmp_path / "args"
+    executable(tmp_path / "python", f'#!/bin/sh\necho "$@" > {args}\ncat {tmp_path / "report"}\n')
+    noxfile = load_noxfile()
+    assert noxfile.local_cpu_build(SimpleNamespace(bin=str(tmp_path))) == wanted
+    asked = args.read_text().split()
+    assert asked[:3] == ["-m", "pip", "install"]
+    assert {"--no-index", "--dry-run", "--no-deps"} <= set(asked)
+    assert asked[-1] == "torch==2.13.0"
