@@ -217,6 +217,23 @@ BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
         ("[1, 2]", (), "not a JSON object"),
         ('{"hidden_size": 64}', (), "no model_type"),
         ('{"model_type": "no-such-model"}', (), "Unrecognized model identifier"),
+        (  # a published config cut to 2 layers, its per-layer list left at 28
+            json.dumps(
+                {
+                    "model_type": "qwen3",
+                    "num_hidden_layers": 2,
+                    "layer_types": ["full_attention"] * 28,
+                }
+            ),
+            (),
+            "validate_layer_type': ValueError: `num_hidden_layers` (2) must be equal to the "
+            "number of `layer_types` (28)",
+        ),
+        (
+            '{"model_type": "swin", "num_heads": 4}',
+            (),
+            "Validation error for field 'num_heads': TypeError: Field 'num_heads' with value 4",
+        ),
         (BERT, ("--task", "generate"), "bert is not a causal LM"),
         ('{"model_type": "llama"}', ("--task", "lora", "--workload", "x.py:f"), "not allowed"),
     ],

@@ -99,12 +99,15 @@ def check(config: dict, task: str, path: Path) -> str:
     """Everything that can be refused in one line before a trace: returns the model's kind."""
     require(task)
     import transformers
+    from huggingface_hub.errors import StrictDataclassError  # transformers' own dependency
 
     try:
         built = transformers.AutoConfig.for_model(**config)
-    except (ValueError, TypeError, KeyError) as exc:
-        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise cli.UsageError(f"--hf-config {path}: {first}") from None
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as exc:
+        # huggingface_hub's validators (a field's type; layer_types against the layer count)
+        # say what and why on two lines: one line here
+        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise cli.UsageError(f"--hf-config {path}: {said[:300] or type(exc).__name__}") from None
     _, kind = head_of(transformers, built)
     if task == "generate" and kind != "causal":
         raise cli.UsageError(f"--task generate: {config['model_type']} is not a causal LM")
