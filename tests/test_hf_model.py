@@ -128,6 +128,35 @@ def test_published_and_other_families_trace_without_a_gpu(capsys, tmp_path, name
     assert prediction["largest_peak_allocated_bytes"] >= expected * size
 
 
+# microsoft/resnet-50's config.json, smaller: like every convolutional family it names no
+# image size, since it takes any.
+RESNET = {
+    "model_type": "resnet",
+    "architectures": ["ResNetForImageClassification"],
+    **{"depths": [1, 1], "hidden_sizes": [32, 64], "embedding_size": 16, "num_labels": 10},
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "options", "side"),
+    [
+        (RESNET, (), 224),  # ImageNet's, as the model cards use
+        (RESNET, ("--dim", "image=96"), 96),
+        (reduced("vit-base-patch16-224-in21k"), (), 32),  # the config's image_size
+    ],
+)
+def test_an_image_model_takes_its_configs_side_or_224_or_the_one_given(
+    capsys, tmp_path, config, options, side
+):
+    """A config without image_size (ResNet's) used to fail in its inputs (AttributeError):
+    the image's side is a dimension, recorded, and the input is batch x 3 x side x side."""
+    document = estimate(capsys, written(tmp_path, config), *options, sequence=None)
+    assert document["workload"]["dimensions"] == {"image": side}
+    inputs = next(row for row in document["prediction"]["phases"] if row["phase"] == "inputs")
+    pixels = 2 * 3 * side * side * 4  # batch 2, float32
+    assert inputs["allocated_bytes"] - inputs["baseline_allocated_bytes"] == -(-pixels // 512) * 512
+
+
 def test_the_8b_config_is_taken_whole_by_its_published_values():
     config = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
     settings = transformers.AutoConfig.for_model(**config)

@@ -7,7 +7,7 @@ function of the usual contract (own_model.Workload), generated as a few lines of
 hold the config (`workload_file`): the trace and the measurement run it as they run a user's
 file, one path for both. Tasks:
 
-- inference: one forward over batch × sequence tokens (images: a batch of images), under
+- inference: one forward over batch × sequence tokens (images: batch × 3 × image × image), under
   torch.inference_mode(), with the model's defaults (a causal LM returns its KV cache too);
 - generate: greedy decoding of `new_tokens` tokens after a prefill of the sequence, with the
   model's own DynamicCache, as generate()'s loop does (the prefill keeps the last logits
@@ -33,7 +33,7 @@ from pipeline.core import cli
 from pipeline.core.workload_contract import Workload, WorkloadFile
 
 TASKS = ("inference", "generate", "training", "lora")
-SEQUENCE, NEW_TOKENS, LORA_RANK = 128, 16, 8
+SEQUENCE, NEW_TOKENS, LORA_RANK, IMAGE_SIDE = 128, 16, 8, 224
 # The model classes a task builds, by the mapping that names the config's architecture.
 HEADS = (
     ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", "causal"),
@@ -121,8 +121,15 @@ def check(config: dict, task: str, path: Path) -> str:
     return kind
 
 
-def dimensions(task: str, kind: str) -> dict[str, int]:
-    dims = {} if kind == "image" else {"sequence": SEQUENCE}
+def dimensions(task: str, kind: str, config: dict) -> dict[str, int]:
+    """The workload's --dim names and defaults. An image's side is the config's image_size;
+    convolutional families (ResNet, RegNet, ...) take any size and do not say one: there,
+    ImageNet's 224 pixels, as their model cards use."""
+    if kind == "image":
+        side = config.get("image_size")
+        dims = {"image": side if isinstance(side, int) and side > 0 else IMAGE_SIDE}
+    else:
+        dims = {"sequence": SEQUENCE}
     if task == "generate":
         dims["new_tokens"] = NEW_TOKENS
     if task == "lora":
@@ -136,7 +143,7 @@ def function_name(task: str, checkpointing: bool) -> str:
 
 def workload_source(config: dict, task: str, kind: str, checkpointing: bool) -> str:
     """The workload file for this config and task: its dimensions are keyword-only integers."""
-    dims = dimensions(task, kind)
+    dims = dimensions(task, kind, config)
     name = function_name(task, checkpointing)
     signature = "".join(f", {key}={value}" for key, value in dims.items())
     signature = f", *{signature}" if dims else ""
@@ -177,7 +184,9 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
         model = getattr(transformers, auto).from_config(settings, dtype=config.dtype)
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
-    make_inputs = inputs_for(torch, config, model, kind, task, dims.get("sequence"))
+    make_inputs = inputs_for(
+        torch, config, model, kind, task, dims.get("sequence", dims.get("image"))
+    )
     if task == "inference":
         return Workload(model.eval(), make_inputs)
     if task == "generate":
@@ -211,23 +220,22 @@ def initialised_as_on_a_gpu(transformers, device):
         utils.get_torch_context_manager_or_global_device = original
 
 
-def inputs_for(torch, config, model, kind: str, task: str, sequence: int | None):
-    """make_inputs() for the model's kind: token ids (labels = inputs for training) or
-    images (random labels)."""
+def inputs_for(torch, config, model, kind: str, task: str, size: int | None):
+    """make_inputs() for the model's kind: `size` token ids (labels = inputs for training),
+    or images `size` pixels a side (random labels)."""
     settings = model.config
     training = task in ("training", "lora")
     device, batch = config.device, config.batch
 
     def make_inputs() -> dict:
         if kind == "image":
-            size, channels = settings.image_size, settings.num_channels
-            shape = (batch, channels, size, size)
+            shape = (batch, settings.num_channels, size, size)
             inputs = {"pixel_values": torch.randn(shape, device=device, dtype=config.dtype)}
             if training:
                 inputs["labels"] = torch.randint(0, settings.num_labels, (batch,), device=device)
             return inputs
         vocab = settings.get_text_config().vocab_size
-        ids = torch.randint(0, vocab, (batch, sequence), device=device)
+        ids = torch.randint(0, vocab, (batch, size), device=device)
         inputs = {"input_ids": ids}
         if training:
             inputs["labels"] = ids
