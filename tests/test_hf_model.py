@@ -52,6 +52,8 @@ MORE = {
     "falcon": "FalconForCausalLM",
     "roberta": "RobertaForMaskedLM",
     "bart": "BartForConditionalGeneration",
+    "mixtral": "MixtralForCausalLM",  # mixture of experts: routed, grouped matmuls
+    "mamba": "MambaForCausalLM",  # a state-space model: no attention at all
 }
 FLOAT32 = ("llama-3.1-8b", "t5-small", "vit-base-patch16-224-in21k", "bert-base-uncased")
 
