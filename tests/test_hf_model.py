@@ -159,6 +159,19 @@ def test_an_image_model_takes_its_configs_side_or_224_or_the_one_given(
     assert inputs["allocated_bytes"] - inputs["baseline_allocated_bytes"] == -(-pixels // 512) * 512
 
 
+def test_convnext_whose_init_reads_a_cpu_schedule_back_is_predicted(capsys, tmp_path):
+    """ConvNeXt builds its stochastic-depth rates with torch.linspace(..., device="cpu") and
+    reads them back (.tolist()): the trace used to stop there, "not predicted"."""
+    config = {"model_type": "convnext", "architectures": ["ConvNextForImageClassification"],
+              "depths": [1, 1], "hidden_sizes": [16, 32], "num_stages": 2,
+              "drop_path_rate": 0.1, "num_labels": 10}  # fmt: skip
+    for task in ("inference", "training"):
+        document = estimate(capsys, written(tmp_path, config), "--task", task,
+                            "--dim", "image=32", sequence=None)  # fmt: skip
+        assert document["prediction"]["status"] == PredictionStatus.APPROXIMATE
+        assert document["prediction"]["trace"]["operator_calls"] > 20
+
+
 def test_the_8b_config_is_taken_whole_by_its_published_values():
     config = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
     settings = transformers.AutoConfig.for_model(**config)

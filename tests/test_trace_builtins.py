@@ -97,6 +97,25 @@ def from_data(device, dtype):
     return Scaled(), (BATCH, TOKENS, WIDTH)
 
 
+def host_schedule(device, dtype):
+    """A module that computes on the CPU and reads the values back, as ConvNeXt's, Swin's
+    and BEiT's stochastic depth does (`torch.linspace(..., device="cpu").tolist()`), and
+    copies a CPU tensor to its device in forward."""
+
+    class Scheduled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            rates = torch.linspace(0, 0.2, 4, device="cpu").split([2, 2])
+            self.rates = [x.tolist() for x in rates]
+            self.linear = nn.Linear(WIDTH, WIDTH, device=device, dtype=dtype)
+
+        def forward(self, x):
+            weights = torch.linspace(0.5, 1.0, WIDTH, device="cpu").to(x.device, x.dtype)
+            return self.linear(x) * weights * (1 - self.rates[1][1])
+
+    return Scheduled(), (BATCH, TOKENS, WIDTH)
+
+
 MODULES = {
     "TransformerEncoder": encoder,
     "TransformerDecoder": decoder,
@@ -106,6 +125,7 @@ MODULES = {
     "convolutions and norms": convolutions,
     "LayerNorm RMSNorm": norms,
     "tensors from data": from_data,
+    "a schedule on the host": host_schedule,
 }
 
 
@@ -181,6 +201,28 @@ def test_the_trace_allocates_what_a_real_cpu_run_allocates(name, monkeypatch):
     real = tp.run_trace(torch, "cpu", protocol(build, "cpu", torch.float32, True), fake=False)
     assert allocations(fake) == allocations(real)
     assert len(allocations(fake)) > 20
+
+
+def test_values_computed_on_the_host_are_real_and_only_the_copy_to_the_device_allocates():
+    """The CPU work a GPU run does for real is done for real (its values read back: the
+    trace used to stop at `.tolist()`) and allocates nothing on the device; the CPU tensor
+    copied to the device in forward is the device's block, WIDTH float32 values, allocated
+    by the copy before the layer's output, as on a GPU. (Under inference mode PyTorch hands
+    that copy to no mode: the block is then allocated at its first use.)"""
+    trace = tp.run_trace(torch, "meta", protocol(host_schedule, "meta", torch.float32, True))
+    assert trace.stopped is None
+    made = allocations(trace)
+    assert made[:2] == [
+        (WIDTH * WIDTH * 4, "aten.empty.memory_format"),
+        (WIDTH * 4, "aten.empty.memory_format"),
+    ]  # the layer's; nothing of the host's
+    step = made[3:5]  # after the inputs, the cold step
+    assert step == [
+        (WIDTH * 4, "aten._to_copy.default"),
+        (BATCH * TOKENS * WIDTH * 4, "aten.addmm.default"),
+    ]
+    copies = [n for n, name in made if name == "aten._to_copy.default"]
+    assert copies == [WIDTH * 4] * 2
 
 
 def test_a_deep_copy_of_a_fake_module_stays_in_the_traces_mode():

@@ -925,6 +925,11 @@ def make_recorder(torch):
             kwargs = kwargs or {}
             if func.namespace != "prim":  # prim.device is asked inside other operators' calls
                 self.poll()
+            if not self.tracer.real:
+                if self.on_host(args, kwargs):
+                    with torch_private.unset_fake_temporarily():
+                        return func(*args, **kwargs)
+                args, kwargs = self.host_tensors_faked(args, kwargs)
             if decomposed(torch, func, args, kwargs):
                 with self:
                     return torch_private.composite_function(torch, func, args, kwargs)
@@ -942,24 +947,63 @@ def make_recorder(torch):
             self.record(func, args, kwargs, out)
             return out
 
+        def on_host(self, args, kwargs) -> bool:
+            """Whether a GPU run computes this call on the CPU, for real: every tensor argument
+            a real CPU tensor (`on_host` made it), or none and the CPU named as the device.
+            Run so, its values exist: models that build a schedule on the CPU and read it
+            back (ConvNeXt's, Swin's, BEiT's stochastic depth: `torch.linspace(..., device=
+            "cpu").tolist()`) are traced on, where a fake tensor has no value to give."""
+            FakeTensor = torch_private.FakeTensor
+            if any(isinstance(x, FakeTensor) for x in args):
+                return False  # the common case, told at once
+            device = kwargs.get("device")
+            if device is not None and torch.device(device).type != "cpu":
+                return False
+            tensors = [x for x in flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+            if not tensors:
+                return device is not None
+            return not any(isinstance(x, FakeTensor) or x.device.type != "cpu" for x in tensors)
+
+        def host_tensors_faked(self, args, kwargs):
+            """(args, kwargs) with each real CPU tensor among the arguments made fake: where a
+            GPU run's CPU tensor meets the device (`.to(device)`, an operator with device
+            tensors), so that the fake mode makes the call, and its output is the device's
+            block, allocated here. A real CPU tensor inside a list is made fake when the fake
+            mode refuses it (`made_from_data`)."""
+            FakeTensor = torch_private.FakeTensor
+
+            def real(x) -> bool:
+                return isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor)
+
+            if not any(map(real, args)) and not any(map(real, kwargs.values())):
+                return args, kwargs
+            fake = self.tracer.fake.from_tensor
+            made = tree_map(lambda x: fake(x) if real(x) and x.device.type == "cpu" else x,
+                            (args, kwargs))  # fmt: skip
+            return made
+
         def made_from_data(self, args, kwargs):
-            """(args, kwargs) with each real meta tensor replaced by a fake one, allocated now;
-            None if there is none. Indexing with a Python list (`x[..., [-1]]`) makes its
-            index tensor from data, like torch.tensor (make_choice_notes), on the meta device
-            outside the fake mode, which then refuses it. On a GPU that tensor is a block on
-            the device, allocated where it is made, just before its use."""
+            """(args, kwargs) with each real meta tensor replaced by a fake one, allocated now,
+            and each real CPU tensor by a fake one (`on_host` made it: a GPU run copies it
+            where it is used); None if there is none. Indexing with a Python list
+            (`x[..., [-1]]`) makes its index tensor from data, like torch.tensor
+            (make_choice_notes), on the meta device outside the fake mode, which then refuses
+            it. On a GPU that tensor is a block on the device, allocated where it is made, just
+            before its use."""
             found = []
 
             def fake(x):
                 if (
                     isinstance(x, torch.Tensor)
                     and not isinstance(x, torch_private.FakeTensor)
-                    and x.device.type == "meta"
+                    and x.device.type in ("meta", "cpu")
                     and not self.tracer.real
                 ):
+                    on_device = x.device.type == "meta"
                     x = self.tracer.fake.from_tensor(x)
-                    sid, nbytes = self.track(x)
-                    self.events.append(("unseen", sid, nbytes))
+                    if on_device:
+                        sid, nbytes = self.track(x)
+                        self.events.append(("unseen", sid, nbytes))
                     found.append(x)
                 return x
 
