@@ -779,3 +779,25 @@ def test_a_raw_gpu_record_is_checked_by_the_schema_its_place_names(tmp_path):
         assert validate.read_artefact(elsewhere, registry).errors == [
             '$: not an artefact: no "schema" key naming its schema'
         ]
+
+
+@pytest.mark.parametrize(
+    ("folder", "skipped"),
+    [
+        ("20261205T083500Z-hf-zoo-blind-7", True),
+        ("20261205T023519Z-h200-probe-decoder", True),
+        ("20261202T000004Z-benchmarks", False),  # elsewhere, a JSON file without a schema
+    ],
+)
+def test_a_model_config_is_skipped_only_in_a_probe_or_zoo_folder(tmp_path, folder, skipped):
+    """configs/<name>.json beside a probe or zoo grid's points is a model's config.json, the
+    input the points name: no schema; anywhere else it is an artefact, checked (and refused:
+    it names no schema)."""
+    config = tmp_path / "runs" / folder / "configs" / "resnet-50.json"
+    config.parent.mkdir(parents=True)
+    config.write_text('{"model_type": "resnet"}\n')
+    [(path, kind, why)] = list(validate.walk(tmp_path / "runs"))
+    assert path == config
+    assert (kind, why) == (
+        (validate.SKIPPED, validate.MODEL_CONFIG) if skipped else (validate.ARTEFACT, "")
+    )

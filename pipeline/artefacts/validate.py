@@ -1237,11 +1237,12 @@ MODEL_CONFIG = "a model's config.json, the input of the workloads traced: no sch
 
 
 def model_config(path: Path) -> bool:
-    """configs/<name>.json in a runs/<stamp>-<gpu>-probe.../ folder: a Hugging Face config."""
+    """configs/<name>.json in a runs/<stamp>-<gpu>-probe.../ or <stamp>-hf-zoo.../ folder: a
+    Hugging Face config, the input of the probes or of a zoo grid's points."""
     return (
         path.suffix == ".json"
         and path.parent.name == "configs"
-        and "-probe" in path.parent.parent.name
+        and any(mark in path.parent.parent.name for mark in ("-probe", "-hf-zoo"))
     )
 
 
