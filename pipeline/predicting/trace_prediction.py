@@ -978,9 +978,8 @@ def make_recorder(torch):
             if not any(map(real, args)) and not any(map(real, kwargs.values())):
                 return args, kwargs
             fake = self.tracer.fake.from_tensor
-            made = tree_map(lambda x: fake(x) if real(x) and x.device.type == "cpu" else x,
+            return tree_map(lambda x: fake(x) if real(x) and x.device.type == "cpu" else x,
                             (args, kwargs))  # fmt: skip
-            return made
 
         def made_from_data(self, args, kwargs):
             """(args, kwargs) with each real meta tensor replaced by a fake one, allocated now,

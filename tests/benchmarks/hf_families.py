@@ -27,6 +27,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
+from pipeline.workloads import hf_model  # noqa: E402
+
 TYPES = (
     "qwen3", "qwen3_moe", "mixtral", "olmo2", "starcoder2", "gpt_bigcode", "bloom", "stablelm",
     "granite", "cohere", "gptj", "gpt_oss", "smollm3", "glm", "mamba", "deberta-v2",
@@ -64,12 +67,6 @@ SHAPES = {
     "resnet": {"hidden_sizes": [16, 32], "depths": [1, 1], "embedding_size": 16},
 }
 TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
-HEADS = (
-    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-    "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
-    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-)
 
 
 def shrunk(model_type: str) -> tuple[dict, bool]:
@@ -85,12 +82,12 @@ def shrunk(model_type: str) -> tuple[dict, bool]:
     for key in TOKENS:
         if isinstance(config.get(key), int) and config[key] >= SMALL["vocab_size"]:
             config[key] = 0
-    for mapping in HEADS:
+    for mapping, _, kind in hf_model.HEADS:  # the heads own_model.py builds
         names = getattr(modeling_auto, mapping)
         if model_type in names:
             head = names[model_type]
             config["architectures"] = [head if isinstance(head, str) else head[0]]
-            return config, mapping == HEADS[-1]
+            return config, kind == "image"
     return config, False
 
 
