@@ -833,6 +833,15 @@ class OutOfMemory(Exception):
         super().__init__(message)
         self.row = row
 
+    def failure(self) -> dict:
+        """The document's `failure`: the phase, what was asked for, the counters after it."""
+        return {
+            "phase": self.row["phase"],
+            "repetition": self.row.get("repetition"),
+            "error": oom_summary(str(self)),
+            "counters_after_failure": {k: v for k, v in self.row.items() if k.endswith("_bytes")},
+        }
+
 
 def oom_summary(message: str) -> str:
     """Keep what was asked for; drop process lists and totals that name other processes."""
@@ -1024,12 +1033,7 @@ def run_measurement(args: argparse.Namespace, document: dict) -> int:
         model, x = measure_phases(torch, args, device, document["phases"])
     except OutOfMemory as oom:
         document["status"] = RunStatus.OUT_OF_MEMORY
-        document["failure"] = {
-            "phase": oom.row["phase"],
-            "repetition": oom.row.get("repetition"),
-            "error": oom_summary(str(oom)),
-            "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
-        }
+        document["failure"] = oom.failure()
         document["calibration"] = {
             "blocks": [],
             "error": "not run: the measurement ran out of memory",

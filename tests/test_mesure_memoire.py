@@ -292,6 +292,31 @@ def test_no_gpu_guard_with_a_real_torch(tmp_path):
     assert validate.validate_document(document, REGISTRY) == []
 
 
+# ------------------------------------------------------------------ out of memory
+
+
+def test_an_out_of_memory_failure_keeps_the_request_and_the_counters_and_no_process():
+    row = {"phase": "warm_forward", "repetition": 2, "passes": 1, "event_time_ns": 5}
+    row.update(baseline_allocated_bytes=512, allocated_bytes=1024, peak_reserved_bytes=2097152)
+    message = (
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "139.81 GiB of which 1.00 GiB is free. Process 1234 has 138.00 GiB memory in use."
+    )
+    assert mm.OutOfMemory(row, message).failure() == {
+        "phase": "warm_forward",
+        "repetition": 2,
+        "error": "CUDA out of memory: tried to allocate 2.00 GiB",
+        "counters_after_failure": {
+            "baseline_allocated_bytes": 512,
+            "allocated_bytes": 1024,
+            "peak_reserved_bytes": 2097152,
+        },
+    }
+    del row["repetition"]
+    failure = mm.OutOfMemory(row, "CUDA error: out of memory").failure()
+    assert (failure["repetition"], failure["error"]) == (None, "out of memory")
+
+
 # ------------------------------------------------------------------ privacy
 
 

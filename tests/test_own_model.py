@@ -146,6 +146,15 @@ def test_a_missing_file_is_refused(capsys, tmp_path):
     refused(capsys, tmp_path, code, "absent.py: no such file")
 
 
+def test_a_folder_named_as_the_file_is_refused(capsys, tmp_path):
+    folder = tmp_path / "model.py"
+    folder.mkdir()
+    code, _ = measure(tmp_path, f"{folder}:build")
+    refused(capsys, tmp_path, code, "--workload " + str(folder) + ": not a file")
+    code = own_model.main(["estimate", "--hf-config", str(folder)])
+    refused(capsys, tmp_path, code, "--hf-config " + str(folder) + ": not a file")
+
+
 def test_a_file_that_is_not_python_by_name_is_refused(capsys, tmp_path):
     path = workload(tmp_path, LINEAR, "model.txt")
     code, _ = measure(tmp_path, f"{path}:linear")
@@ -436,8 +445,14 @@ def test_out_of_memory_in_a_step_is_an_observation_with_the_file_written(capsys,
     document = json.loads(output.read_text())
     assert validate.validate_document(document, REGISTRY) == []
     assert document["status"] == "out_of_memory"
-    assert document["failure"]["phase"] == "cold_step"
-    assert document["failure"]["error"] == "CUDA out of memory: tried to allocate 2.00 GiB"
+    counters = {key: 0 for key in document["phases"][-1] if key.endswith("_bytes")}
+    assert document["failure"] == {  # the host's counters read zero
+        "phase": "cold_step",
+        "repetition": None,
+        "error": "CUDA out of memory: tried to allocate 2.00 GiB",
+        "counters_after_failure": counters,
+    }
+    assert len(counters) == 6
     assert "Process 1234" not in output.read_text()
     assert len(document["prediction"]["phases"]) == 7  # the whole plan, beside two rows
     assert [row["predicted"] is not None for row in document["phases"]] == [True, True]
@@ -1086,10 +1101,21 @@ def test_the_facts_of_a_written_file_hold_and_a_tampered_one_is_caught(capsys, t
     def peak_below_end(d):
         d["phases"][1]["peak_reserved_bytes"] = -1
 
+    def number_the_load(d):
+        d["phases"][0]["repetition"] = 1
+
+    def two_warmup_passes(d):
+        d["phases"][3]["passes"] = 2
+
     assert tampered(claim_held) == ["$.summary.prediction.held: True, the rows give None"]
     assert "$.phases: 6 rows, the plan has 7" in tampered(drop_a_row)
     assert tampered(move_a_prediction) == ["$.phases[2].predicted: not $.prediction.phases[2]"]
-    assert "$.phases[1]: peak_reserved_bytes < baseline_reserved_bytes" in tampered(peak_below_end)
+    assert any(
+        e.startswith("$.phases[1]: peak_reserved_bytes -1 < baseline_reserved_bytes ")
+        for e in tampered(peak_below_end)
+    )
+    assert tampered(number_the_load) == ["$.phases[0]: only warm_step rows carry a repetition"]
+    assert tampered(two_warmup_passes) == ["$.phases[3].passes: 2, expected 1"]
 
 
 def test_a_failing_calibration_leaves_the_measurement_standing(capsys, tmp_path):

@@ -50,7 +50,7 @@ from pipeline.core import cli, phase_protocol, workload_kinds
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
 from pipeline.predicting.trace_prediction import PredictionStatus
-from pipeline.workloads import decoder_rules, seed_network
+from pipeline.workloads import decoder_rules, own_model_facts, seed_network
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"
@@ -184,25 +184,6 @@ def schema_errors(document, schema_id: str, registry: Registry) -> list[str]:
 # ---------------------------------------------------------------- measurement facts
 
 
-def _counter_facts(where: str, row: dict) -> list[str]:
-    """Allocated is part of reserved; a peak is at least the counter at the phase's start and
-    at its end."""
-    errors = []
-    for prefix in ("baseline_", "", "peak_"):
-        allocated, reserved = row[f"{prefix}allocated_bytes"], row[f"{prefix}reserved_bytes"]
-        if allocated > reserved:
-            errors.append(
-                f"{where}: {prefix}allocated_bytes {allocated} > {prefix}reserved_bytes "
-                f"{reserved} (allocated is part of reserved)"
-            )
-    for kind in ("allocated", "reserved"):
-        peak = row[f"peak_{kind}_bytes"]
-        for start in (f"baseline_{kind}_bytes", f"{kind}_bytes"):
-            if peak < row[start]:
-                errors.append(f"{where}: peak_{kind}_bytes {peak} < {start} {row[start]}")
-    return errors
-
-
 def gpu_facts(gpu: dict, device: str) -> list[str]:
     """A measurement names the GPU it measured, as its configuration's device."""
     if not gpu["available"]:
@@ -219,7 +200,7 @@ def measurement_facts(document: dict) -> list[str]:
     errors = []
     phases = document["phases"]
     for i, row in enumerate(phases):
-        errors += _counter_facts(f"$.phases[{i}]", row)
+        errors += own_model_facts.counter_facts(f"$.phases[{i}]", row)
     configuration = document["configuration"]
     repeats = configuration["repeats"]
     names = [row["phase"] for row in phases]
@@ -232,7 +213,7 @@ def measurement_facts(document: dict) -> list[str]:
     if document["status"] == RunStatus.OUT_OF_MEMORY:
         failure = document["failure"]
         counters = failure["counters_after_failure"]
-        errors += _counter_facts("$.failure.counters_after_failure", counters)
+        errors += own_model_facts.counter_facts("$.failure.counters_after_failure", counters)
         if names != expected[: len(names)] or len(names) >= planned:
             errors.append("$.phases: rows of an out-of-memory run must be a prefix of the plan")
         elif expected[len(names)] != failure["phase"]:
@@ -245,15 +226,7 @@ def measurement_facts(document: dict) -> list[str]:
             want = done + 1 if failure["phase"] == "warm_forward" else None
             if failure["repetition"] != want:
                 errors.append(f"$.failure.repetition: {failure['repetition']}, expected {want}")
-    repetitions = [row.get("repetition") for row in phases if row["phase"] == "warm_forward"]
-    if repetitions != list(range(1, len(repetitions) + 1)):
-        errors.append(f"$.phases: warm_forward repetitions {repetitions} are not 1, 2, ...")
-    for i, row in enumerate(phases):
-        if row["phase"] != "warm_forward" and "repetition" in row:
-            errors.append(f"$.phases[{i}]: only warm_forward rows carry a repetition")
-        want = configuration["warmup"] if row["phase"] == "warmup" else 1
-        if row["passes"] != want:
-            errors.append(f"$.phases[{i}].passes: {row['passes']}, expected {want}")
+    errors += own_model_facts.repetition_facts(phases, "warm_forward", configuration["warmup"])
     shape = [configuration["batch"], configuration["context"], configuration["width"]]
     if configuration["input_shape"] != shape:
         errors.append("$.configuration.input_shape: not [batch, context, width]")
@@ -278,11 +251,7 @@ def summary_facts(summary: dict, phases: list[dict]) -> list[str]:
         "warm_forward_median_event_time_ns": median("event_time_ns"),
         "warm_forward_median_wall_time_ns": median("wall_time_ns"),
     }
-    return [
-        f"$.summary.{key}: {summary[key]}, but the phases give {value}"
-        for key, value in expected.items()
-        if summary[key] != value
-    ]
+    return own_model_facts.mismatches("$.summary", summary, expected, "but the phases give")
 
 
 def prediction_facts(document: dict) -> list[str]:
@@ -294,13 +263,14 @@ def prediction_facts(document: dict) -> list[str]:
     for i, row in enumerate(phases):
         if row["harness_overhead_ns"] != row["wall_time_ns"] - row["event_time_ns"]:
             errors.append(f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns")
-    for key, value in document["summary"]["prediction"]["by_counter"].items():
-        largest = max((abs(row[key] - row["predicted"][key]) for row in phases), default=0)
-        if value != largest:
-            errors.append(
-                f"$.summary.prediction.by_counter.{key}: {value}, the rows give {largest}"
-            )
-    return errors
+    by_counter = document["summary"]["prediction"]["by_counter"]
+    largest = {
+        key: max((abs(row[key] - row["predicted"][key]) for row in phases), default=0)
+        for key in by_counter
+    }
+    return errors + own_model_facts.mismatches(
+        "$.summary.prediction.by_counter", by_counter, largest
+    )
 
 
 def decoder_facts(document: dict) -> list[str]:
@@ -313,12 +283,12 @@ def decoder_facts(document: dict) -> list[str]:
     predicted_only = document["status"] == RunStatus.PREDICTED
     for i, row in enumerate(phases):
         if not predicted_only:
-            errors += _counter_facts(f"$.phases[{i}]", row)
+            errors += own_model_facts.counter_facts(f"$.phases[{i}]", row)
             if row["harness_overhead_ns"] != row["wall_time_ns"] - row["event_time_ns"]:
                 errors.append(
                     f"$.phases[{i}].harness_overhead_ns: not wall_time_ns - event_time_ns"
                 )
-        errors += _counter_facts(f"$.phases[{i}].predicted", row["predicted"])
+        errors += own_model_facts.counter_facts(f"$.phases[{i}].predicted", row["predicted"])
     rows = [
         (r["phase"], r.get("repetition"), r["tokens"], r["passes"], r["first_position"])
         for r in phases
@@ -327,7 +297,7 @@ def decoder_facts(document: dict) -> list[str]:
     plan = decoder_rules.written_rows(configuration, len(rows) + 1)
     if document["status"] == RunStatus.OUT_OF_MEMORY:
         failure = document["failure"]
-        errors += _counter_facts(
+        errors += own_model_facts.counter_facts(
             "$.failure.counters_after_failure", failure["counters_after_failure"]
         )
         if len(rows) >= planned or rows != plan[: len(rows)]:
@@ -365,11 +335,7 @@ def decoder_facts(document: dict) -> list[str]:
         "largest_peak_reserved_bytes": max((r["peak_reserved_bytes"] for r in source), default=0),
         ("phases" if predicted_only else "phases_completed"): len(phases),
     }
-    errors += [
-        f"$.summary.{key}: {summary[key]}, but the rows give {value}"
-        for key, value in expected.items()
-        if summary[key] != value
-    ]
+    errors += own_model_facts.mismatches("$.summary", summary, expected, "but the rows give")
     if decoder_rules.traced(document["prediction"]):
         errors += traced_decoder_facts(document)
     if not predicted_only:
@@ -382,8 +348,6 @@ def traced_decoder_facts(document: dict) -> list[str]:
     """A traced prediction (decoder.py 2): its rows are the plan's, each row's predicted
     counters are its, and a measurement's verdict (status, held, bounds held) is what the
     rows give."""
-    from pipeline.workloads import own_model_facts  # as for an own-model file
-
     prediction, phases = document["prediction"], document["phases"]
     errors = own_model_facts.prediction_peak_facts(prediction)
     rows, configuration = prediction["phases"], document["configuration"]
@@ -400,33 +364,23 @@ def traced_decoder_facts(document: dict) -> list[str]:
         summary = document["summary"]["prediction"]
         by_counter = phase_protocol.prediction_summary(document)["by_counter"]
         expected = own_model_facts.verdict(document, by_counter)
-        errors += [
-            f"$.summary.prediction.{key}: {summary.get(key)!r}, the rows give {value!r}"
-            for key, value in expected.items()
-            if summary.get(key) != value
-        ]
+        errors += own_model_facts.mismatches("$.summary.prediction", summary, expected)
     return errors
 
 
 def decoder_prediction_facts(prediction: dict, phases: list[dict]) -> list[str]:
     """summary.prediction: the largest |measured - predicted| per counter, from the rows."""
-    errors = []
     by_counter = {
         key: max((abs(row[key] - row["predicted"][key]) for row in phases), default=0)
         for key in phase_protocol.COUNTER_KEYS
     }
-    for key, value in by_counter.items():
-        if prediction["by_counter"][key] != value:
-            errors.append(
-                f"$.summary.prediction.by_counter.{key}: {prediction['by_counter'][key]}, "
-                f"the rows give {value}"
-            )
-    for kind in ("allocated", "reserved"):
-        key = f"largest_abs_difference_{kind}_bytes"
-        value = max(v for k, v in by_counter.items() if kind in k)
-        if prediction[key] != value:
-            errors.append(f"$.summary.prediction.{key}: {prediction[key]}, the rows give {value}")
-    return errors
+    largest = {
+        f"largest_abs_difference_{kind}_bytes": max(v for k, v in by_counter.items() if kind in k)
+        for kind in ("allocated", "reserved")
+    }
+    return own_model_facts.mismatches(
+        "$.summary.prediction.by_counter", prediction["by_counter"], by_counter
+    ) + own_model_facts.mismatches("$.summary.prediction", prediction, largest)
 
 
 def environment_facts(where: str, environment: dict) -> list[str]:
@@ -456,11 +410,9 @@ def calibration_run_facts(document: dict) -> list[str]:
         "gpu": document["environment"]["gpu"].get("name"),
         "torch": document["environment"]["torch"].get("version"),
     }
-    return [
-        f"$.prediction.calibration.{key}: {calibration[key]!r}, but the run used {value!r}"
-        for key, value in ran.items()
-        if calibration[key] != value
-    ]
+    return own_model_facts.mismatches(
+        "$.prediction.calibration", calibration, ran, "but the run used"
+    )
 
 
 PASSES_CHECKED = 100_000  # warm-up and repeats a phase prediction may have to be re-derived
@@ -579,9 +531,7 @@ def hf_zoo_facts(document: dict) -> list[str]:
         "equal_to_the_byte": equal,
     }
     totals = document["totals"]
-    for key, value in expected.items():
-        if totals[key] != value:
-            errors.append(f"$.totals.{key}: {totals[key]}, the points give {value}")
+    errors += own_model_facts.mismatches("$.totals", totals, expected, "the points give")
     share = totals["share_exact_to_the_byte"]
     if (share is None) != (not compared) or (
         compared and abs(share - equal / len(compared)) > 1e-6
@@ -614,10 +564,6 @@ def document_facts(document: dict) -> list[str]:
 
 
 def own_model_document_facts(document: dict) -> list[str]:
-    from pipeline.workloads import (
-        own_model_facts,  # imported only for its files (trace_prediction's names)
-    )
-
     return own_model_facts.document_facts(document)
 
 

@@ -60,6 +60,22 @@ def device(text: str) -> str:
     return text
 
 
+def existing_file(path: Path, flag: str) -> bytes:
+    """The bytes of the file a flag names, or one line saying it is missing or not a file."""
+    if not path.exists():
+        raise UsageError(f"{flag} {path}: no such file")
+    if not path.is_file():
+        raise UsageError(f"{flag} {path}: not a file")
+    return path.read_bytes()
+
+
+def refused(errors: list[str], what_not_done: str) -> int:
+    """Each error on a line of its own, then what was not done for them: exit 1."""
+    print("\n".join(errors), file=sys.stderr)
+    print(what_not_done, file=sys.stderr)
+    return INVALID
+
+
 def existing_folder(path: Path) -> Path:
     """A folder that must exist already (runs directories are never created implicitly)."""
     if not path.is_dir():

@@ -66,6 +66,15 @@ class OutOfMemory(Exception):
         super().__init__(message)
         self.row = row
 
+    def failure(self) -> dict:
+        """The document's `failure`: the phase, what was asked for, the counters after it."""
+        return {
+            "phase": self.row["phase"],
+            "repetition": self.row.get("repetition"),
+            "error": oom_summary(str(self)),
+            "counters_after_failure": {k: v for k, v in self.row.items() if k.endswith("_bytes")},
+        }
+
 
 def oom_summary(message: str) -> str:
     """Keep what was asked for; drop process lists and totals that name other processes."""

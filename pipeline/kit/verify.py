@@ -396,6 +396,36 @@ def check_zip(path: Path, members: dict, reference: bytes) -> tuple[list[str], l
 # ---------------------------------------------------------------- command line
 
 
+def verify_command(args: argparse.Namespace) -> int:
+    """The reference manifest, then the repository's members, a folder or a zip against it."""
+    reference_path = args.manifest or args.root / archive.MANIFEST
+    reference, members, problems = load_reference(reference_path)
+    target, notes = args.path, []
+    if not problems:
+        if target is None:
+            sources = {name: args.root / source for name, source in archive.MEMBERS.items()}
+            sources[archive.MANIFEST] = None
+            problems = check_files(sources, members, reference)
+        elif target.is_dir():
+            problems, notes = check_folder(target, members, reference)
+        elif target.is_file():
+            problems, notes = check_zip(target, members, reference)
+        else:
+            raise cli.UsageError(f"{target}: no such file or folder")
+    what = target if target is not None else f"{args.root} (the repository's members)"
+    problems = list(dict.fromkeys(problems))  # a duplicated entry's FAIL, said once
+    for note in notes:
+        print(f"verify.py: note: {note}")
+    for problem in problems:
+        print(f"verify.py: FAIL {problem}", file=sys.stderr)
+    if problems:
+        print(f"{what}: NOT intact ({len(problems)} failed check(s))", file=sys.stderr)
+        return cli.INVALID
+    noted = f"; {len(notes)} note(s) above, none about the content" if notes else ""
+    print(f"{what}: intact: {len(members)} members match {reference_path}{noted}")
+    return cli.OK
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = cli.Parser(prog="verify.py", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -403,37 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--manifest", type=Path, help="reference manifest (default: MANIFEST.json)")
     parser.add_argument("--root", type=Path, default=archive.ROOT, help=argparse.SUPPRESS)
-
-    def body() -> int:
-        args = parser.parse_args(argv)
-        reference_path = args.manifest or args.root / archive.MANIFEST
-        reference, members, problems = load_reference(reference_path)
-        target, notes = args.path, []
-        if not problems:
-            if target is None:
-                sources = {name: args.root / source for name, source in archive.MEMBERS.items()}
-                sources[archive.MANIFEST] = None
-                problems = check_files(sources, members, reference)
-            elif target.is_dir():
-                problems, notes = check_folder(target, members, reference)
-            elif target.is_file():
-                problems, notes = check_zip(target, members, reference)
-            else:
-                raise cli.UsageError(f"{target}: no such file or folder")
-        what = target if target is not None else f"{args.root} (the repository's members)"
-        problems = list(dict.fromkeys(problems))  # a duplicated entry's FAIL, said once
-        for note in notes:
-            print(f"verify.py: note: {note}")
-        for problem in problems:
-            print(f"verify.py: FAIL {problem}", file=sys.stderr)
-        if problems:
-            print(f"{what}: NOT intact ({len(problems)} failed check(s))", file=sys.stderr)
-            return cli.INVALID
-        noted = f"; {len(notes)} note(s) above, none about the content" if notes else ""
-        print(f"{what}: intact: {len(members)} members match {reference_path}{noted}")
-        return cli.OK
-
-    return cli.run("verify.py", body)
+    return cli.run("verify.py", lambda: verify_command(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -493,12 +493,7 @@ def run_measurement(args, document: dict, shape: Shape, run: dict) -> int:
     except phase_protocol.OutOfMemory as oom:
         code = cli.OUT_OF_MEMORY
         document["status"] = RunStatus.OUT_OF_MEMORY
-        document["failure"] = {
-            "phase": oom.row["phase"],
-            "repetition": oom.row.get("repetition"),
-            "error": phase_protocol.oom_summary(str(oom)),
-            "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
-        }
+        document["failure"] = oom.failure()
     if state is not None:
         from pipeline.workloads import decoder_model
 

@@ -128,13 +128,9 @@ def dimension_argument(text: str) -> tuple[str, int]:
 def read_workload_file(path: Path, function: str) -> WorkloadFile:
     """Checked before torch is imported: a file that is there, is Python, and defines the
     function at its top level."""
-    if not path.exists():
-        raise cli.UsageError(f"--workload {path}: no such file")
-    if not path.is_file():
-        raise cli.UsageError(f"--workload {path}: not a file")
+    data = cli.existing_file(path, "--workload")
     if path.suffix != ".py":
         raise cli.UsageError(f"--workload {path}: not a Python file (.py)")
-    data = path.read_bytes()
     try:
         source = data.decode("utf-8")
         tree = ast.parse(source, filename=path.name)
@@ -585,12 +581,7 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
         )  # fmt: skip
     except phase_protocol.OutOfMemory as oom:
         status = RunStatus.OUT_OF_MEMORY
-        failure = {
-            "phase": oom.row["phase"],
-            "repetition": oom.row.get("repetition"),
-            "error": phase_protocol.oom_summary(str(oom)),
-            "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
-        }
+        failure = oom.failure()
     except UserCodeError as exc:
         status = RunStatus.FAILED
         traceback.print_exception(exc.original)

@@ -516,24 +516,15 @@ def reduction_config(
     return set_reduce_config(it, kernel, offset, device), out_bytes
 
 
-def reduction_template(
-    op: str,
-    shape: tuple[int, ...],
-    stride: tuple[int, ...],
-    dtype: str,
-    dims: list[int] | int | None = None,
-    keepdim: bool = False,
-    out_dtype: str | None = None,
-    offset: int = 0,
-    device: Device = H200,
-) -> list[dict] | None:
+def reduction_template(*call, **options) -> list[dict] | None:
     """The allocator template of one reduction call on `device`, in the calibration's format:
     the output, then (when the kernel reduces across blocks) the staging buffer and the
     semaphores, freed semaphores first; None outside what the port covers.
 
-    `shape`, `stride` and `offset` (elements) describe the input; `dims` the dimension
-    argument as passed (None or [] for all of them); `out_dtype` the call's dtype argument."""
-    found = reduction_config(op, shape, stride, dtype, dims, keepdim, out_dtype, offset, device)
+    The arguments are reduction_config's: `shape`, `stride` and `offset` (elements) describe
+    the input; `dims` the dimension argument as passed (None or [] for all of them);
+    `out_dtype` the call's dtype argument."""
+    found = reduction_config(*call, **options)
     if found is None:
         return None
     config, out_bytes = found

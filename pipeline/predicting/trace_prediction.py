@@ -1365,15 +1365,13 @@ class Calibration:
         return self.resolved[signature]
 
     def _template(self, signature: str, call: Signature | None) -> list | None:
+        """The first that knows the call: its probe, its pattern, a shape rule, a reduction's
+        formula, a float16 product's borrowed pattern."""
         found = self.templates.get(signature)
-        if found is None:
-            found = self.pattern(call)
-        if found is None:
-            found = self.rule(call)
-        if found is None:
-            found = self.reduction(call)
-        if found is None:
-            found = self.borrowed(call)
+        for lookup in (self.pattern, self.rule, self.reduction, self.borrowed):
+            if found is not None:
+                break
+            found = lookup(call)
         return found or None
 
     def borrowed(self, call: Signature | None) -> list | None:
@@ -2105,17 +2103,28 @@ def uncertain_calls(trace: Trace, calibration) -> dict:
     for event in trace.events:
         if event[0] == "op":
             outputs[event[1].signature] = sum(nbytes for _, _, nbytes in event[1].outputs)
-    found = {}
-    for key, signature in trace.signatures.items():
-        if signature.view:
-            continue
-        dependent = VALUE_DEPENDENT.get(packet(signature.name))
-        covered = (calibration is not None and calibration.known(key, signature)) or (
-            output_only(signature)
-        )
-        if (dependent is not None and dependent[0](signature.leaves)) or not covered:
-            found[key] = scratch_blocks(signature, outputs.get(key, 0))
-    return found
+    return {
+        key: scratch_blocks(signature, outputs.get(key, 0))
+        for key, signature in trace.signatures.items()
+        if not_covered(key, signature, calibration) is not None
+    }
+
+
+def not_covered(key: str, signature: Signature, calibration) -> str | None:
+    """Why the prediction does not cover a call (its blocks sized by values the trace does
+    not have, or not calibrated), or None: a view, a calibrated call, outputs only."""
+    if signature.view:
+        return None
+    dependent = VALUE_DEPENDENT.get(packet(signature.name))
+    if dependent is not None and dependent[0](signature.leaves):
+        return dependent[1]
+    if (calibration is not None and calibration.known(key, signature)) or output_only(signature):
+        return None
+    if calibration is not None and key in calibration.failed:
+        return f"{UNCALIBRATED}; {calibration.failed[key]}"
+    if calibration is not None and calibration.borrowed(signature) is not None:
+        return f"{UNCALIBRATED}; {BORROWED}"
+    return UNCALIBRATED
 
 
 def boundable(entry: dict) -> bool:
@@ -2173,22 +2182,9 @@ def assess(trace: Trace, calibration, mismatches: dict, autograd_kept: bool) -> 
         entry["calls"] += calls
 
     for key, signature in trace.signatures.items():
-        if signature.view:
-            continue
-        dependent = VALUE_DEPENDENT.get(packet(signature.name))
-        if dependent is not None and dependent[0](signature.leaves):
-            add(packet(signature.name), signature.calls, dependent[1])
-            continue
-        if calibration is not None and calibration.known(key, signature):
-            continue
-        if output_only(signature):
-            continue
-        why = UNCALIBRATED
-        if calibration is not None and key in calibration.failed:
-            why = f"{UNCALIBRATED}; {calibration.failed[key]}"
-        elif calibration is not None and calibration.borrowed(signature) is not None:
-            why = f"{UNCALIBRATED}; {BORROWED}"
-        add(packet(signature.name), signature.calls, why)
+        why = not_covered(key, signature, calibration)
+        if why is not None:
+            add(packet(signature.name), signature.calls, why)
     for op, why in trace.notes.items():
         add(op, 0, why)
     for op, why in mismatches.items():

@@ -18,6 +18,7 @@ closed the pipe early.
 
 from __future__ import annotations
 
+import argparse
 import enum
 import json
 import os
@@ -771,23 +772,24 @@ def parser() -> cli.Parser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = parser().parse_args(argv)
-        need = need_of(args.source)
-        if need.basis == Basis.PREDICTION and need.peak_reserved_bytes < 1:  # nothing allocated
-            raise cli.UsageError(f"{args.source}: a peak of 0 bytes reserved: nothing to fit")
-        catalogue = load_catalogue(args.tariffs)
-        runs_dir = run_folders.runs_directory(args.runs_dir)
-        found = evidence(runs_dir, [need])
-        memory = catalogue_memory(catalogue, list(found.records.values()))
-        result = fit(need, catalogue, memory, args.days, args.accepted_results)
-        result["untrusted_runs"] = found.untrusted
-        text = json.dumps(result, indent=2) if args.json else render(result, args.explain)
-        print(text, flush=True)  # a reader that stops early: cli.run ends quietly, exit 1
-        return cli.OK
+def fit_command(args: argparse.Namespace) -> int:
+    """The source's need, the evidence under runs/, the packages that hold it."""
+    need = need_of(args.source)
+    if need.basis == Basis.PREDICTION and need.peak_reserved_bytes < 1:  # nothing allocated
+        raise cli.UsageError(f"{args.source}: a peak of 0 bytes reserved: nothing to fit")
+    catalogue = load_catalogue(args.tariffs)
+    runs_dir = run_folders.runs_directory(args.runs_dir)
+    found = evidence(runs_dir, [need])
+    memory = catalogue_memory(catalogue, list(found.records.values()))
+    result = fit(need, catalogue, memory, args.days, args.accepted_results)
+    result["untrusted_runs"] = found.untrusted
+    text = json.dumps(result, indent=2) if args.json else render(result, args.explain)
+    print(text, flush=True)  # a reader that stops early: cli.run ends quietly, exit 1
+    return cli.OK
 
-    return cli.run("fit.py", body)
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run("fit.py", lambda: fit_command(parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

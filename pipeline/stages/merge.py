@@ -20,7 +20,6 @@ that exists).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from pipeline.artefacts import validate
@@ -87,9 +86,7 @@ def merge(inputs: list[Path], output: Path) -> int:
     if not errors:
         merged, errors = merge_rows(logs)
     if errors:
-        print("\n".join(errors), file=sys.stderr)
-        print(f"merge.py: nothing written to {output}", file=sys.stderr)
-        return cli.INVALID
+        return cli.refused(errors, f"merge.py: nothing written to {output}")
     lines = [record.csv_line(header)]
     lines += [record.csv_line(row[column] for column in header) for row in merged]
     try:
@@ -106,11 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("inputs", nargs="+", type=Path, metavar="LOG", help="results logs")
     parser.add_argument("--output", type=Path, required=True, help="a new CSV file")
 
-    def body() -> int:
-        args = parser.parse_args(argv)
-        return merge(args.inputs, args.output)
-
-    return cli.run("merge.py", body)
+    return cli.run("merge.py", lambda: merge(**vars(parser.parse_args(argv))))
 
 
 if __name__ == "__main__":

@@ -293,9 +293,7 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
         problems = validate.read_artefact(environment, registry).errors
         errors += [f"{environment}: {error}" for error in problems]
     if errors:
-        print("\n".join(errors), file=sys.stderr)
-        print(f"record.py: {folder} does not validate: nothing appended", file=sys.stderr)
-        return cli.INVALID
+        return cli.refused(errors, f"record.py: {folder} does not validate: nothing appended")
     kind = workload_kinds.of_schema(measurement.document["schema"])
     status = measurement.document["status"]
     if status == RunStatus.PREDICTED:

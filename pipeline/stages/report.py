@@ -15,6 +15,7 @@ Exit 0 done, 2 bad input.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import hashlib
@@ -759,25 +760,26 @@ def parser() -> cli.Parser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = parser().parse_args(argv)
-        if (args.days is None) != (args.accepted_results is None):
-            raise cli.UsageError("--days and --accepted-results go together")
-        runs_dir = run_folders.runs_directory(args.runs_dir)
-        sources = [read_source(folder) for folder in args.folders]
-        names = [s.name for s in sources]
-        if len(set(names)) < len(names):
-            raise cli.UsageError("two sources share a folder name: their pictures would too")
-        drawn = plan(sources, args, runs_dir)
-        files = {**drawn.files, "report.json": summary(sources, drawn)}
-        folder = new_output(args, runs_dir)
-        write_all(folder, files)
-        for name in files:
-            print(f"{folder / name}: written")
-        return cli.OK
+def report_command(args: argparse.Namespace) -> int:
+    """Read each source, draw, write a new report folder."""
+    if (args.days is None) != (args.accepted_results is None):
+        raise cli.UsageError("--days and --accepted-results go together")
+    runs_dir = run_folders.runs_directory(args.runs_dir)
+    sources = [read_source(folder) for folder in args.folders]
+    names = [s.name for s in sources]
+    if len(set(names)) < len(names):
+        raise cli.UsageError("two sources share a folder name: their pictures would too")
+    drawn = plan(sources, args, runs_dir)
+    files = {**drawn.files, "report.json": summary(sources, drawn)}
+    folder = new_output(args, runs_dir)
+    write_all(folder, files)
+    for name in files:
+        print(f"{folder / name}: written")
+    return cli.OK
 
-    return cli.run("report.py", body)
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run("report.py", lambda: report_command(parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

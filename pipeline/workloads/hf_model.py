@@ -49,12 +49,9 @@ MISSING = (
 
 def read_config(path: Path) -> dict:
     """The config.json, checked before anything is built: a JSON object naming its model_type."""
-    if not path.exists():
-        raise cli.UsageError(f"--hf-config {path}: no such file")
-    if not path.is_file():
-        raise cli.UsageError(f"--hf-config {path}: not a file")
+    data = cli.existing_file(path, "--hf-config")
     try:
-        config = json.loads(path.read_bytes())
+        config = json.loads(data)
     except (UnicodeDecodeError, ValueError):
         raise cli.UsageError(f"--hf-config {path}: not JSON") from None
     if not isinstance(config, dict):

@@ -118,14 +118,9 @@ def document_facts(document: dict) -> list[str]:
             errors.append("$.failure.phase: import, but phases ran")
         elif failure["phase"] != "import" and [failure["phase"]] != expected and planned:
             errors.append(f"$.failure.phase: {failure['phase']!r}, the next planned is {expected}")
-    warm = [row.get("repetition") for row in rows if row["phase"] == "warm_step"]
-    if warm != list(range(1, len(warm) + 1)):
-        errors.append(f"$.phases: warm_step repetitions {warm} are not 1, 2, ...")
+    errors += repetition_facts(rows, "warm_step", document["configuration"]["warmup"])
     for i, row in enumerate(rows):
         errors += counter_facts(f"$.phases[{i}]", row)
-        want = document["configuration"]["warmup"] if row["phase"] == "warmup" else 1
-        if row["passes"] != want:
-            errors.append(f"$.phases[{i}].passes: {row['passes']}, expected {want}")
     if status == RunStatus.FAILED:
         return errors
     errors += prediction_peak_facts(document["prediction"])
@@ -140,30 +135,59 @@ def document_facts(document: dict) -> list[str]:
             errors.append(f"$.phases[{i}].predicted: not $.prediction.phases[{i}]")
     summary = document["summary"]
     expected_summary = summarise(document)
-    for key in ("phases_completed", "largest_peak_allocated_bytes", "largest_peak_reserved_bytes"):
-        if summary[key] != expected_summary[key]:
-            errors.append(f"$.summary.{key}: {summary[key]}, the rows give {expected_summary[key]}")
+    keys = ("phases_completed", "largest_peak_allocated_bytes", "largest_peak_reserved_bytes")
+    errors += mismatches("$.summary", summary, {key: expected_summary[key] for key in keys})
     copy = {"phases": [dict(row) for row in rows], "prediction": document["prediction"]}
     copy["summary"] = {"prediction": {}}
     compare(copy)
-    for key, value in copy["summary"]["prediction"].items():
-        if summary["prediction"].get(key) != value:  # bounds_held: absent in older files
-            errors.append(
-                f"$.summary.prediction.{key}: {summary['prediction'][key]}, the rows give {value}"
-            )
+    # bounds_held: absent in older files, whose rows give None for it
+    return errors + mismatches(
+        "$.summary.prediction", summary["prediction"], copy["summary"]["prediction"]
+    )
+
+
+def mismatches(where: str, found: dict, expected: dict, source: str = "the rows give") -> list[str]:
+    """`WHERE.KEY: FOUND, SOURCE EXPECTED` for each key whose recorded value is not what the
+    file's own rows (or run, or points) give: the one wording of every derived-value fact."""
+    return [
+        f"{where}.{key}: {found.get(key)!r}, {source} {value!r}"
+        for key, value in expected.items()
+        if found.get(key) != value
+    ]
+
+
+def repetition_facts(rows: list[dict], repeated: str, warmup: int) -> list[str]:
+    """Only the repeated phase's rows carry a repetition, numbered 1, 2, ...; the warm-up row
+    holds all the warm-up passes, every other row one pass."""
+    errors = []
+    numbers = [row.get("repetition") for row in rows if row["phase"] == repeated]
+    if numbers != list(range(1, len(numbers) + 1)):
+        errors.append(f"$.phases: {repeated} repetitions {numbers} are not 1, 2, ...")
+    for i, row in enumerate(rows):
+        if row["phase"] != repeated and "repetition" in row:
+            errors.append(f"$.phases[{i}]: only {repeated} rows carry a repetition")
+        want = warmup if row["phase"] == "warmup" else 1
+        if row["passes"] != want:
+            errors.append(f"$.phases[{i}].passes: {row['passes']}, expected {want}")
     return errors
 
 
 def counter_facts(where: str, row: dict) -> list[str]:
-    """Allocated is part of reserved; a peak is at least the start and the end."""
+    """Allocated is part of reserved; a peak is at least the counter at the phase's start and
+    at its end: of every row any workload measures or predicts."""
     errors = []
     for prefix in ("baseline_", "", "peak_"):
-        if row[f"{prefix}allocated_bytes"] > row[f"{prefix}reserved_bytes"]:
-            errors.append(f"{where}: {prefix}allocated_bytes > {prefix}reserved_bytes")
+        allocated, reserved = row[f"{prefix}allocated_bytes"], row[f"{prefix}reserved_bytes"]
+        if allocated > reserved:
+            errors.append(
+                f"{where}: {prefix}allocated_bytes {allocated} > {prefix}reserved_bytes "
+                f"{reserved} (allocated is part of reserved)"
+            )
     for kind in ("allocated", "reserved"):
+        peak = row[f"peak_{kind}_bytes"]
         for start in (f"baseline_{kind}_bytes", f"{kind}_bytes"):
-            if row[f"peak_{kind}_bytes"] < row[start]:
-                errors.append(f"{where}: peak_{kind}_bytes < {start}")
+            if peak < row[start]:
+                errors.append(f"{where}: peak_{kind}_bytes {peak} < {start} {row[start]}")
     return errors
 
 

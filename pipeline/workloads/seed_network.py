@@ -61,7 +61,6 @@ from pipeline.core.phase_protocol import (
     COUNTERS,
     OutOfMemory,
     check_gpu,
-    oom_summary,
     peaks_summary,
     prediction_summary,
     run_phase,
@@ -534,12 +533,7 @@ def run_measurement(args: argparse.Namespace, document: dict) -> int:
         model, x = measure_phases(torch, args, device, document["phases"])
     except OutOfMemory as oom:
         document["status"] = RunStatus.OUT_OF_MEMORY
-        document["failure"] = {
-            "phase": oom.row["phase"],
-            "repetition": oom.row.get("repetition"),
-            "error": oom_summary(str(oom)),
-            "counters_after_failure": {k: v for k, v in oom.row.items() if k.endswith("_bytes")},
-        }
+        document["failure"] = oom.failure()
         document["calibration"] = {
             "blocks": [],
             "error": "not run: the measurement ran out of memory",
