@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import runfixtures
 from conftest import ROOT, RUNS, outside_python, run_script, run_unread
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -334,7 +335,6 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
 
 
 def test_a_decoder_run_is_fitted_from_its_measured_peak(tmp_path):
-    import runfixtures
 
     folder = runfixtures.make_decoder_run(tmp_path / "runs", 1)
     result = run_script(
@@ -391,7 +391,6 @@ def test_a_decoder_prediction_says_it_is_one_and_when_nothing_fits(tmp_path):
 
 
 def test_an_out_of_memory_decoder_run_is_refused(tmp_path):
-    import runfixtures
 
     folder = runfixtures.make_decoder_run(tmp_path, 1, memory_bytes=1_000_000)
     result = run_script("fit.py", str(folder), "--days", "7", "--runs-dir", str(tmp_path))
@@ -411,7 +410,6 @@ def fit_answer(capsys, *argv: str) -> dict:
 def test_an_own_model_run_is_fitted_from_its_measured_peak_and_names_its_prediction(
     tmp_path, capsys
 ):
-    runfixtures = pytest.importorskip("runfixtures")
     pytest.importorskip("torch")
     folder = runfixtures.make_own_model_run(tmp_path / "runs", 1)
     document = json.loads((folder / "measurement.json").read_bytes())
@@ -436,7 +434,8 @@ def test_an_own_model_run_is_fitted_from_its_measured_peak_and_names_its_predict
 
 
 def test_an_own_model_prediction_that_is_approximate_says_so(tmp_path, capsys):
-    own_model = pytest.importorskip("own_model")
+    from pipeline.measuring import own_model
+
     pytest.importorskip("torch")
     spec = f"{ROOT / 'pipeline' / 'workloads' / 'resnet_cnn.py'}:resnet"
     assert own_model.main(["estimate", "--workload", spec, "--batch", "2", "--json"]) == 0
@@ -467,7 +466,6 @@ def test_an_own_model_prediction_that_is_approximate_says_so(tmp_path, capsys):
 
 
 def test_a_failed_own_model_run_is_refused(tmp_path, capsys):
-    runfixtures = pytest.importorskip("runfixtures")
     pytest.importorskip("torch")
     workload = tmp_path / "failing.py"
     workload.write_text("def broken(config):\n    raise KeyError('no model')\n", encoding="utf-8")

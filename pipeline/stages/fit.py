@@ -166,22 +166,30 @@ def decoder_prediction_need(document: dict, name: str) -> Need:
     notes += [f"not predicted: {gap['what']}: {gap['why']}" for gap in prediction["not_predicted"]]
     gaps = ", ".join(gap["what"] for gap in prediction["not_predicted"])
     peak = document["summary"]["largest_peak_reserved_bytes"]
-    return prediction_need(document, name, peak, notes, None if prediction["exact"] else gaps)
+    left_out = None if prediction["exact"] else f"it leaves out {gaps}"
+    what = configuration_text(document["configuration"])
+    return prediction_need(name, what, peak, notes, left_out)
 
 
 def prediction_need(
-    document: dict, name: str, peak: int, notes: list[str], left_out: str | None
+    name: str,
+    what: str,
+    peak: int,
+    notes: list[str],
+    approximate: str | None = None,
+    point: int | None = None,
 ) -> Need:
-    """The need of a standard-library prediction (the kit's estimate, the decoder's):
-    approximate where it says what it leaves out."""
+    """A prediction's need: `approximate` says why it is not exact, `point` is the predicted
+    peak where the need is sized by a bound instead."""
     return Need(
         peak_reserved_bytes=peak,
         basis=Basis.PREDICTION,
         source=name,
-        what=configuration_text(document["configuration"]),
+        what=what,
         gpu_name=None,
         notes=tuple(notes),
-        approximate=None if left_out is None else f"it leaves out {left_out}",
+        approximate=approximate,
+        point_bytes=point,
     )
 
 
@@ -256,16 +264,7 @@ def traced_prediction_need(document: dict, name: str, what: str) -> Need:
             point, peak = peak, upper
         elif "unbounded" in prediction:
             approximate += f"; {prediction['unbounded']}"
-    return Need(
-        peak_reserved_bytes=peak,
-        basis=Basis.PREDICTION,
-        source=name,
-        what=what,
-        gpu_name=None,
-        notes=tuple(notes),
-        approximate=approximate,
-        point_bytes=point,
-    )
+    return prediction_need(name, what, peak, notes, approximate, point)
 
 
 @dataclass(frozen=True)
@@ -363,8 +362,9 @@ def predicted_need(document: dict, name: str) -> Need:
             "the prediction has no --library-block: the cuBLAS workspaces are left out "
             "(33 MiB + 1 MiB on the H200)"
         )
-    left_out = None if document["library_blocks"] else "the cuBLAS workspaces"
-    return prediction_need(document, name, peak, notes, left_out)
+    left_out = None if document["library_blocks"] else "it leaves out the cuBLAS workspaces"
+    what = configuration_text(document["configuration"])
+    return prediction_need(name, what, peak, notes, left_out)
 
 
 def gpu_record(environment: dict, run: str) -> Record | None:
