@@ -97,13 +97,11 @@ def build_row(run_id: str, data: bytes, measurement: dict, protocol_sha256: str)
     """The log's columns from a validated measurement.json (its bytes are hashed as read)."""
     configuration = measurement["configuration"]
     summary = measurement["summary"]
-    first_rows: dict[str, dict] = {}
-    for phase in measurement["phases"]:
-        first_rows.setdefault(phase["phase"], phase)
+    wall = first_walls(measurement["phases"])
     row = identity_cells(run_id, measurement)
     row.update({name: str(configuration[name]) for name in CONFIGURATION})
     for name in seed_network.FIXED_PHASES:  # a phase an out-of-memory run never reached: ""
-        row[f"{name}_wall_ns"] = str(first_rows[name]["wall_time_ns"]) if name in first_rows else ""
+        row[f"{name}_wall_ns"] = wall(name)
     row["warm_forward_median_wall_ns"] = median_text(summary["warm_forward_median_wall_time_ns"])
     row["warm_forward_median_event_ns"] = median_text(summary["warm_forward_median_event_time_ns"])
     row.update(evidence_cells(data, summary, protocol_sha256))
