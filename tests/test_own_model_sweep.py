@@ -183,6 +183,95 @@ def test_a_missing_workload_file_is_refused_before_anything_runs(tmp_path, runs)
     assert list(runs.iterdir()) == []
 
 
+# A published config (Llama-3.2-1B's) cut to two narrow layers, so that the CPU runs it.
+SMALL_LLAMA = {
+    **json.loads((ROOT / "tests" / "data" / "hf-configs" / "llama-3.2-1b.json").read_text()),
+    "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+    "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    path = tmp_path / "user" / "small-llama.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(SMALL_LLAMA), encoding="utf-8")
+    return path
+
+
+def test_a_hugging_face_config_is_swept_as_own_model_measures_it(config, runs):
+    pytest.importorskip("transformers")
+    argv = ["--hf-config", str(config), "--task", "generate", "--new-tokens", "3"]
+    argv += ["--dtype", "float32", "--dim", "sequence=8"]
+    argv += ["--vary", "sequence", "--start", "8", "--factor", "2", "--max-steps", "2"]
+    code, runner, summary, out = own_sweep(runs, argv)
+    assert code == 0, out
+    assert runner.started[1][1][5:] == [
+        "--hf-config", str(config), "--task", "generate", "--batch", "1", "--dtype", "float32",
+        "--warmup", "1", "--repeats", "2", "--seed", "0",
+        "--dim", "new_tokens=3", "--dim", "sequence=16",
+    ]  # fmt: skip
+    assert summary["plan"]["workload"] == "own"
+    assert summary["plan"]["base"] == {
+        "file": "small-llama.json",
+        "sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
+        "function": "generate",
+        "dimensions": ["new_tokens", "sequence"],
+        "batch": 1, "dtype": "float32", "warmup": 1, "repeats": 2, "seed": 0,
+        "new_tokens": 3, "sequence": 8,
+    }  # fmt: skip
+    points = summary["points"]
+    assert [p["configuration"]["sequence"] for p in points] == [8, 16]
+    assert [p["status"] for p in points] == ["completed", "completed"]
+    assert all(isinstance(p["predicted_peak_reserved_bytes"], int) for p in points)
+    assert out[0].startswith("sweep of sequence on cuda:0 (small-llama.json:generate, float32)")
+    for p in points:  # each point is own_model.py's measurement of that config
+        document = json.loads((runs / p["run"] / "measurement.json").read_text())
+        assert document["workload"]["file"] == "small-llama.json"
+        assert document["configuration"]["dims"] == {
+            "new_tokens": 3,
+            "sequence": p["configuration"]["sequence"],
+        }
+    [path] = runs.glob("*-sweep/sweep.json")
+    assert validate.validate_json(path.read_bytes(), REGISTRY) == []
+    assert str(config.parent) not in path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--workload", "decoder"], "--hf-config names the model: drop --workload decoder"),
+        (["--task", "sing"], "argument --task: invalid choice: 'sing'"),
+        (["--task", "lora", "--vary", "rank"], "--vary rank: lora has no such dimension"),
+        (["--memory-fraction", "0.5"], "--memory-fraction: a workload file is predicted"),
+    ],
+)
+def test_a_bad_hugging_face_sweep_is_one_line_exit_2_and_runs_nothing(config, runs, extra, message):
+    argv = ["--hf-config", str(config), "--start", "2", "--factor", "2", *extra]
+    if "--vary" not in extra:
+        argv += ["--vary", "batch"]
+    if "--memory-fraction" not in extra:
+        argv.append("--until-oom")
+    result = run_script("sweep.py", "--device", "cuda:0", *argv, "--runs-dir", str(runs))
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"sweep.py: error: {message}"), line
+    assert list(runs.iterdir()) == []
+
+
+def test_hugging_face_options_without_a_config_are_refused(workload, runs):
+    argv = ["--workload", f"{workload}:mlp", "--task", "training", "--vary", "batch"]
+    argv += ["--start", "2", "--factor", "2", "--until-oom", "--runs-dir", str(runs)]
+    result = run_script("sweep.py", "--device", "cuda:0", *argv)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "sweep.py: error: --task, --new-tokens, --lora-rank and --gradient-checkpointing go "
+        "with --hf-config\n"
+    )
+    assert list(runs.iterdir()) == []
+
+
 @pytest.mark.gpu
 @pytest.mark.gpu_whole
 def test_an_example_swept_on_the_gpu_runs_to_out_of_memory_predicted_at_every_point(tmp_path):
@@ -202,6 +291,33 @@ def test_an_example_swept_on_the_gpu_runs_to_out_of_memory_predicted_at_every_po
     for p in points[:-1]:
         assert p["predicted_peak_reserved_bytes"] == p["peak_reserved_bytes"], p
     assert (tmp_path / "resultats-own.csv").is_file()
+
+
+@pytest.mark.gpu
+def test_a_hugging_face_config_swept_on_the_gpu_measures_each_point_within_its_prediction(
+    tmp_path, config
+):
+    """The small Llama, training in bfloat16, its sequence doubled twice: each point measured
+    by own_model.py on the GPU, predicted beside it, and held (exact, or within its bounds)."""
+    pytest.importorskip("transformers")
+    argv = ["--hf-config", str(config), "--task", "training", "--dtype", "bfloat16"]
+    argv += ["--batch", "2", "--vary", "sequence", "--start", "64", "--factor", "2"]
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    result = run_script(
+        "sweep.py", "--device", "cuda:0", *argv, "--max-steps", "3", "--runs-dir", str(runs)
+    )
+    assert result.returncode == 0, result.stderr
+    [path] = runs.glob("*-sweep/sweep.json")
+    assert validate.validate_json(path.read_bytes(), REGISTRY) == []
+    points = json.loads(path.read_text())["points"]
+    assert [p["configuration"]["sequence"] for p in points] == [64, 128, 256]
+    for p in points:
+        document = json.loads((runs / p["run"] / "measurement.json").read_text())
+        assert document["status"] == "completed"
+        verdict = document["summary"]["prediction"]
+        assert verdict["held"] is not False, verdict  # an exact claim holds to the byte
+        assert verdict["bounds_held"] is not False, verdict
 
 
 def test_fit_and_report_answer_for_an_own_model_sweep(workload, runs, tmp_path):

@@ -7,12 +7,15 @@
         --vary batch --start 8 --factor 2 --until-oom
     python3 -m pipeline.stages.sweep --device cuda:0 --workload FILE.py:FUNCTION --dtype bfloat16 \
         [--dim NAME=VALUE ...] --vary batch|NAME --start 4 --factor 2 --until-oom
+    python3 -m pipeline.stages.sweep --device cuda:0 --hf-config config.json --task training \
+        --dtype bfloat16 --dim sequence=2048 --vary batch --start 1 --factor 2 --until-oom
 
 Each point is a fresh measurement process (launcher.py) with its own run folder under runs/,
 validated and appended to runs/resultats-bruts.csv while the next point measures (with
 --workload decoder each point is `decoder.py measure`, varying batch, prompt or new-tokens, and
 its row goes to runs/resultats-decoder.csv; with a workload file, `own_model.py measure`,
-varying batch or a declared dimension, into runs/resultats-own.csv). A point's
+varying batch or a declared dimension, into runs/resultats-own.csv; a Hugging Face config.json
+is such a workload, its dimensions sequence or image, new_tokens, lora_rank). A point's
 folder appears only once whole (it is built under a hidden name, then renamed), so Ctrl-C
 leaves whole runs only. runs/<id>-sweep/sweep.json summarises the sweep: the largest
 configuration that fitted, its peaks, and predicted against measured counters per point.
@@ -51,6 +54,7 @@ DIMENSIONS = workload_kinds.NETWORK.dimensions
 DECODER_DIMENSIONS = workload_kinds.DECODER.dimensions
 OWN_SETTINGS = ("batch", "dtype", "warmup", "repeats", "seed")  # besides its declared dimensions
 OWN_RECORD = ("file", "sha256", "function", "dimensions")  # what a plan says of the workload
+HF_CONFIG = "--hf-config"  # a Hugging Face model's config.json: own_model.py builds it
 SIZES = tuple(seed_network.CONFIGURATION_DEFAULTS)
 HARD_CAP = 64  # --until-oom on a card larger than any today still stops
 INTERRUPTED = "it was interrupted (Ctrl-C): every point listed is a whole run"
@@ -109,7 +113,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     """The workload first, as it decides which configuration options exist."""
     peek = cli.Parser(prog="sweep.py", add_help=False, allow_abbrev=False)
     workload_kinds.add_option(peek)
-    kind = workload_kinds.of_argument(peek.parse_known_args(argv)[0].workload)
+    peek.add_argument(HF_CONFIG)
+    given = peek.parse_known_args(argv)[0]
+    if given.hf_config is not None:  # a Hugging Face config is a workload of own_model.py
+        if given.workload != workload_kinds.DEFAULT.argument:
+            raise cli.UsageError(f"{HF_CONFIG} names the model: drop --workload {given.workload}")
+        args = build_parser(workload_kinds.OWN.argument).parse_args(argv)
+        args.workload = HF_CONFIG
+        return args
+    kind = workload_kinds.of_argument(given.workload)
     args = build_parser(kind.argument).parse_args(argv)
     if workload_kinds.of_argument(args.workload) != kind:  # an abbreviation the peek missed
         args = build_parser(args.workload).parse_args(argv)
@@ -245,20 +257,46 @@ def decoder_predicted_peak(configuration: dict, environment: dict) -> int | None
 # ---------------------------------------------------------------- your own model's points
 
 
+def add_own_configuration(parser: argparse.ArgumentParser, title: str) -> None:
+    own_model.add_configuration(parser.add_argument_group(title))
+    hf = parser.add_argument_group("a Hugging Face model instead of a workload file")
+    hf.add_argument(HF_CONFIG, metavar="CONFIG.json", help="its config.json (own_model.py's)")
+    own_model.add_hf_options(hf)
+
+
+def own_workload(args: argparse.Namespace):
+    """The WorkloadFile of a FILE.py:FUNCTION, or of a config.json as own_model.py builds it
+    (transformers reads the config: the one case where the sweep imports torch), and the
+    dimensions given: --dim, and a config's --new-tokens and --lora-rank."""
+    given = list(args.dim)
+    if args.hf_config is not None:
+        from pipeline.workloads import hf_model
+
+        task = args.task or "inference"
+        file = hf_model.workload_file(Path(args.hf_config), task, args.gradient_checkpointing)
+        options = {"new_tokens": args.new_tokens, "lora_rank": args.lora_rank}
+        return file, given + [(name, value) for name, value in options.items() if value]
+    if args.task or args.new_tokens or args.lora_rank or args.gradient_checkpointing:
+        raise cli.UsageError(
+            "--task, --new-tokens, --lora-rank and --gradient-checkpointing go with --hf-config"
+        )
+    return own_model.read_workload_file(*own_model.workload_argument(args.workload)), given
+
+
 def own_base(args: argparse.Namespace, vary: str) -> tuple[dict, Path]:
     """The plan's base for a workload file: what it is (its file name and SHA-256, never the
     path given), its settings and each declared dimension, flat so that any of them can vary;
     and the path, kept for the points' command lines only. Checked as own_model.py checks it,
-    without importing the file (the sweep never imports torch)."""
-    path, function = own_model.workload_argument(args.workload)
-    file = own_model.read_workload_file(path, function)
+    without importing the file (the sweep imports torch only for a config's transformers)."""
+    file, given = own_workload(args)
+    path, function = file.path, file.function
     declared = own_model.declared_dimensions(file)
     if declared is None:
         raise cli.UsageError(
             f"--workload {path}: {function}'s dimensions must be keyword-only parameters with "
             "integer literals as defaults for a sweep to vary them"
         )
-    dims = own_model.resolve_dimensions(function, declared, args.dim)
+    dims = own_model.resolve_dimensions(function, declared, given)
     if taken := [name for name in dims if name in OWN_SETTINGS + OWN_RECORD]:
         raise cli.UsageError(f"--workload {path}: a dimension named {taken[0]} cannot be swept")
     if vary not in ("batch", *dims):
@@ -281,9 +319,15 @@ def own_sweep_base(args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def own_flags(configuration: dict, args: argparse.Namespace) -> list[str]:
-    """The `own_model.py measure` options of one point; the path is the one given."""
-    path = own_model.workload_argument(args.workload)[0]
-    flags = ["--workload", f"{path}:{configuration['function']}"]
+    """The `own_model.py measure` options of one point; the path is the one given. A config's
+    task is its function's name (hf_model.function_name)."""
+    if args.hf_config is not None:
+        task = args.task or "inference"
+        checkpointing = ["--gradient-checkpointing"] if args.gradient_checkpointing else []
+        flags = [HF_CONFIG, args.hf_config, "--task", task, *checkpointing]
+    else:
+        path = own_model.workload_argument(args.workload)[0]
+        flags = ["--workload", f"{path}:{configuration['function']}"]
     for name in OWN_SETTINGS:
         flags += [f"--{name}", str(configuration[name])]
     for name in configuration["dimensions"]:
@@ -361,7 +405,7 @@ SWEEPS = {
         check_plan=check_decoder_plan,
     ),
     Kind.OWN: Sweeping(
-        add_configuration=group_of(own_model.add_configuration),
+        add_configuration=add_own_configuration,
         base=own_sweep_base,
         flags=own_flags,
         what=lambda base: f" ({base['file']}:{base['function']}, {base['dtype']})",
