@@ -37,6 +37,7 @@ import json
 import pickle
 import re
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -461,11 +462,12 @@ class Setting:
     given: list = dataclasses.field(default_factory=list)  # the --dim options
 
 
-def trace_workload(torch, setting: Setting, index: int, target=None, device=None):
+def trace_workload(torch, setting: Setting, index: int, target=None, device=None, say=None):
     """(Trace, facts, the user's exception or None): the protocol run once on fake tensors.
     The module is imported again inside the trace, so its own tensors are fake too. target:
     the GPU whose kernel choices a trace without a GPU makes (attention_choice.TargetGpu);
-    device="meta": trace as a machine without a GPU does, even on one (probe_sweep.py)."""
+    device="meta": trace as a machine without a GPU does, even on one (probe_sweep.py);
+    say: told each phase as its trace starts (progress_line)."""
     device = device or trace_prediction.trace_device(torch, index)
     dtype = getattr(torch, setting.dtype)
     config = Configuration(torch.device(device), dtype, setting.batch, setting.seed)
@@ -474,6 +476,13 @@ def trace_workload(torch, setting: Setting, index: int, target=None, device=None
     limits = (*torch_private.fake_tensor_limits(), trace_prediction.TraceStopped)
 
     def run(phase) -> None:
+        if say is not None:
+            traced = phase
+
+            def phase(name, operation, repetition=None, passes=1):
+                say(f"tracing {name}" + (f" {repetition}" if repetition else ""))
+                return traced(name, operation, repetition, passes)
+
         try:
             module = import_workload(setting.file)
             function = getattr(module, setting.file.function)
@@ -752,11 +761,14 @@ def estimate(args) -> int:
     if args.calibration is not None:
         calibration, source = read_calibration(Path(args.calibration))
     torch = environment_capture.import_torch()
+    say = progress_line() if sys.stderr.isatty() else None
     try:
         load(setting)
-        trace, facts, failure = trace_workload(torch, setting, 0, target)
+        trace, facts, failure = trace_workload(torch, setting, 0, target, say=say)
     except UserCodeError as exc:
         failure, trace = exc, None
+    if say is not None:
+        say(None if failure is not None else "predicting: replaying the trace")
     if failure is not None:
         traceback.print_exception(failure.original)
         print(
@@ -766,6 +778,8 @@ def estimate(args) -> int:
         )
         return cli.INVALID
     prediction = trace_prediction.predict(trace, calibration)
+    if say is not None:
+        say(None)
     document = {
         "schema": SCHEMA,
         "tool": TOOL,
@@ -781,6 +795,20 @@ def estimate(args) -> int:
     else:
         print_estimate(document)
     return cli.OK
+
+
+def progress_line() -> Callable[[str | None], None]:
+    """On a terminal, one stderr line rewritten as the estimate goes, the seconds since it
+    began beside it: a large model's generation takes minutes to trace on a laptop. None
+    clears the line, so that the answer is all that stays."""
+    started = time.monotonic()
+
+    def say(what: str | None) -> None:
+        seconds = time.monotonic() - started
+        shown = "" if what is None else f"own_model.py: {what}... {seconds:.0f} s"
+        print(f"\r\033[K{shown}", end="", file=sys.stderr, flush=True)
+
+    return say
 
 
 def read_calibration(path: Path):
