@@ -279,6 +279,22 @@ BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
             "Validation error for field 'num_heads': TypeError: Field 'num_heads' with value 4",
         ),
         (BERT, ("--task", "generate"), "bert is not a causal LM"),
+        (  # a published AWQ model's config: transformers would build it unquantized
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128},
+                }
+            ),
+            (),
+            "a quantized model (quantization_config: awq) is not modelled: built from its "
+            "config, transformers makes it unquantized",
+        ),
+        (
+            '{"model_type": "llama", "quantization_config": {"load_in_4bit": true}}',
+            ("--task", "training"),
+            "a quantized model (quantization_config) is not modelled",
+        ),
         ('{"model_type": "llama"}', ("--task", "lora", "--workload", "x.py:f"), "not allowed"),
     ],
 )

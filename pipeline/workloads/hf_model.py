@@ -58,6 +58,18 @@ def read_config(path: Path) -> dict:
         raise cli.UsageError(f"--hf-config {path}: not a JSON object")
     if not isinstance(config.get("model_type"), str):
         raise cli.UsageError(f"--hf-config {path}: no model_type (not a transformers config.json)")
+    quantization = config.get("quantization_config")
+    if quantization is not None:
+        # from_config ignores it: the model would be built, predicted and measured unquantized
+        # under the quantized model's name, its 4- or 8-bit weights taken at --dtype's size.
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise cli.UsageError(
+            f"--hf-config {path}: a quantized model (quantization_config"
+            f"{f': {method}' if isinstance(method, str) else ''}) is not modelled: built from "
+            "its config, transformers makes it unquantized, whose memory is not that of the "
+            "quantized weights and kernels; to size the unquantized model, remove "
+            "quantization_config from a copy of the file"
+        )
     return config
 
 
