@@ -310,6 +310,33 @@ def test_a_bad_config_is_refused_in_one_line(capsys, tmp_path, content, options,
     assert fragment in lines[0]
 
 
+def test_without_dtype_the_model_is_built_in_its_configs_dtype_as_transformers_builds_it(
+    capsys, tmp_path
+):
+    llama = reduced("llama-3.2-1b")  # the published file says "torch_dtype": "bfloat16"
+    assert llama["torch_dtype"] == "bfloat16"
+    for named, option, expected in [
+        ({"torch_dtype": "bfloat16"}, (), "bfloat16"),
+        ({"torch_dtype": "bfloat16", "dtype": "float16"}, (), "float16"),  # the newer key first
+        ({}, (), "float32"),  # none named: transformers' default, float32
+        ({"torch_dtype": "bfloat16"}, ("--dtype", "float32"), "float32"),  # --dtype decides
+    ]:
+        config = {k: v for k, v in llama.items() if k not in ("torch_dtype", "dtype")} | named
+        document = estimate(capsys, written(tmp_path, config), *option)
+        assert document["configuration"]["dtype"] == expected, named
+        parameters = document["workload"]["parameters"]
+        size = {"bfloat16": 2, "float16": 2, "float32": 4}[expected]
+        assert parameters["bytes"] == size * parameters["count"], named
+    for value in ("auto", "float64", 16, ["bfloat16"]):  # transformers fails on "auto" itself
+        config = {**llama, "torch_dtype": value}
+        path = written(tmp_path, config)
+        assert own_model.main(["estimate", "--hf-config", str(path), "--dtype", "float32"]) == 2
+        assert capsys.readouterr().err == (
+            f"own_model.py: error: --hf-config {path}: torch_dtype {value!r} is not float32, "
+            "float16 or bfloat16, the dtypes the lab builds: change it in a copy of the file\n"
+        )
+
+
 def test_hf_options_without_a_config_are_refused(capsys, tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f(config):\n    pass\n")

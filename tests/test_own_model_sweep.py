@@ -238,6 +238,19 @@ def test_a_hugging_face_config_is_swept_as_own_model_measures_it(config, runs):
     assert str(config.parent) not in path.read_text()
 
 
+def test_a_config_swept_without_dtype_is_measured_in_the_configs_own(config, runs):
+    pytest.importorskip("transformers")
+    argv = ["--hf-config", str(config), "--dim", "sequence=8", "--vary", "batch"]
+    code, runner, summary, _ = own_sweep(
+        runs, [*argv, "--start", "1", "--factor", "2", "--max-steps", "1"]
+    )
+    assert code == 0
+    assert SMALL_LLAMA["torch_dtype"] == "bfloat16"
+    assert summary["plan"]["base"]["dtype"] == "bfloat16"
+    flags = runner.started[0][1]
+    assert flags[flags.index("--dtype") + 1] == "bfloat16"
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

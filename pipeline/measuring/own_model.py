@@ -648,24 +648,29 @@ def setting_from(args) -> Setting:
             f"{args.repeats}), over the estimate budget of {args.estimate_budget} "
             "(--estimate-budget)"
         )
-    given = list(args.dim)
-    if args.hf_config is not None:
-        from pipeline.workloads import hf_model
+    file, given, dtype = workload_of(args, args.workload)
+    return Setting(file, dtype, args.batch, {}, {}, args.warmup, args.repeats, args.seed, given)
 
-        file = hf_model.workload_file(
-            Path(args.hf_config), args.task or "inference", args.gradient_checkpointing
-        )
-        options = {"new_tokens": args.new_tokens, "lora_rank": args.lora_rank}
-        given += [(name, value) for name, value in options.items() if value is not None]
-    else:
+
+def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, list, str]:
+    """What the options name (sweep.py asks the same): the WorkloadFile of FILE.py:FUNCTION,
+    or of a --hf-config, read and checked; the dimensions given (--dim, and a config's
+    --new-tokens and --lora-rank); the dtype: --dtype, else a config's own (as transformers
+    builds a model from it), else float32."""
+    given = list(args.dim)
+    if args.hf_config is None:
         if args.task or args.new_tokens or args.lora_rank or args.gradient_checkpointing:
             raise cli.UsageError(
                 "--task, --new-tokens, --lora-rank and --gradient-checkpointing go with --hf-config"
             )
-        file = read_workload_file(*args.workload)
-    return Setting(
-        file, args.dtype, args.batch, {}, {}, args.warmup, args.repeats, args.seed, given
-    )
+        return read_workload_file(*workload), given, args.dtype or DEFAULTS["dtype"]
+    from pipeline.workloads import hf_model
+
+    path, task = Path(args.hf_config), args.task or "inference"
+    file = hf_model.workload_file(path, task, args.gradient_checkpointing)
+    options = {"new_tokens": args.new_tokens, "lora_rank": args.lora_rank}
+    given += [(name, value) for name, value in options.items() if value is not None]
+    return file, given, args.dtype or hf_model.config_dtype(path, DEFAULTS["dtype"])
 
 
 def load(setting: Setting):
@@ -872,7 +877,9 @@ def print_estimate(document: dict) -> None:
 def add_configuration(parser) -> None:
     """The run's settings and the workload's dimensions (sweep.py takes the same options)."""
     parser.add_argument(
-        "--dtype", choices=sorted(allocator_model.DTYPE_BYTES), default=DEFAULTS["dtype"]
+        "--dtype",
+        choices=sorted(allocator_model.DTYPE_BYTES),
+        help=f"(default {DEFAULTS['dtype']}; a --hf-config model: its config's dtype, if any)",
     )
     for name in ("batch", "warmup", "repeats"):
         parser.add_argument(

@@ -264,31 +264,14 @@ def add_own_configuration(parser: argparse.ArgumentParser, title: str) -> None:
     own_model.add_hf_options(hf)
 
 
-def own_workload(args: argparse.Namespace):
-    """The WorkloadFile of a FILE.py:FUNCTION, or of a config.json as own_model.py builds it
-    (transformers reads the config: the one case where the sweep imports torch), and the
-    dimensions given: --dim, and a config's --new-tokens and --lora-rank."""
-    given = list(args.dim)
-    if args.hf_config is not None:
-        from pipeline.workloads import hf_model
-
-        task = args.task or "inference"
-        file = hf_model.workload_file(Path(args.hf_config), task, args.gradient_checkpointing)
-        options = {"new_tokens": args.new_tokens, "lora_rank": args.lora_rank}
-        return file, given + [(name, value) for name, value in options.items() if value]
-    if args.task or args.new_tokens or args.lora_rank or args.gradient_checkpointing:
-        raise cli.UsageError(
-            "--task, --new-tokens, --lora-rank and --gradient-checkpointing go with --hf-config"
-        )
-    return own_model.read_workload_file(*own_model.workload_argument(args.workload)), given
-
-
 def own_base(args: argparse.Namespace, vary: str) -> tuple[dict, Path]:
     """The plan's base for a workload file: what it is (its file name and SHA-256, never the
     path given), its settings and each declared dimension, flat so that any of them can vary;
     and the path, kept for the points' command lines only. Checked as own_model.py checks it,
     without importing the file (the sweep imports torch only for a config's transformers)."""
-    file, given = own_workload(args)
+    # a config is read by transformers: the one case where the sweep imports torch
+    named = None if args.hf_config else own_model.workload_argument(args.workload)
+    file, given, dtype = own_model.workload_of(args, named)
     path, function = file.path, file.function
     declared = own_model.declared_dimensions(file)
     if declared is None:
@@ -305,6 +288,7 @@ def own_base(args: argparse.Namespace, vary: str) -> tuple[dict, Path]:
     base = {"file": path.name, "sha256": file.sha256, "function": function}
     base["dimensions"] = sorted(dims)
     base.update({name: getattr(args, name) for name in OWN_SETTINGS}, **dims)
+    base["dtype"] = dtype
     return base, path
 
 

@@ -29,7 +29,7 @@ import inspect
 import json
 from pathlib import Path
 
-from pipeline.core import cli
+from pipeline.core import allocator_model, cli
 from pipeline.core.workload_contract import Workload, WorkloadFile
 
 TASKS = ("inference", "generate", "training", "lora")
@@ -58,6 +58,15 @@ def read_config(path: Path) -> dict:
         raise cli.UsageError(f"--hf-config {path}: not a JSON object")
     if not isinstance(config.get("model_type"), str):
         raise cli.UsageError(f"--hf-config {path}: no model_type (not a transformers config.json)")
+    for key in ("dtype", "torch_dtype"):  # transformers turns it into torch's attribute
+        value = config.get(key)
+        if value is not None and not (
+            isinstance(value, str) and value in allocator_model.DTYPE_BYTES
+        ):
+            raise cli.UsageError(
+                f"--hf-config {path}: {key} {value!r} is not float32, float16 or "
+                "bfloat16, the dtypes the lab builds: change it in a copy of the file"
+            )
     quantization = config.get("quantization_config")
     if quantization is not None:
         # from_config ignores it: the model would be built, predicted and measured unquantized
@@ -71,6 +80,13 @@ def read_config(path: Path) -> dict:
             "quantization_config from a copy of the file"
         )
     return config
+
+
+def config_dtype(path: Path, default: str) -> str:
+    """The dtype a config names (`dtype`, or `torch_dtype` as older files say), which
+    transformers builds the model in when it is given none; `default` where it names none."""
+    config = read_config(path)
+    return config.get("dtype") or config.get("torch_dtype") or default
 
 
 def require(task: str) -> None:
