@@ -279,6 +279,22 @@ BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
             "Validation error for field 'num_heads': TypeError: Field 'num_heads' with value 4",
         ),
         (BERT, ("--task", "generate"), "bert is not a causal LM"),
+        (  # a classifier: built as the family's causal LM, its memory would be another's
+            '{"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]}',
+            (),
+            "architectures names LlamaForSequenceClassification, which the lab does not build "
+            "for model_type 'llama'",
+        ),
+        (  # another family's class: transformers raised KeyError in model_load
+            '{"model_type": "llama", "architectures": ["BertForMaskedLM"]}',
+            (),
+            "architectures names BertForMaskedLM, which the lab does not build",
+        ),
+        (  # a speech model: built as its causal LM, it failed on input_ids
+            '{"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]}',
+            (),
+            "architectures names WhisperForConditionalGeneration, which the lab does not build",
+        ),
         (  # a published AWQ model's config: transformers would build it unquantized
             json.dumps(
                 {
@@ -335,6 +351,24 @@ def test_without_dtype_the_model_is_built_in_its_configs_dtype_as_transformers_b
             f"own_model.py: error: --hf-config {path}: torch_dtype {value!r} is not float32, "
             "float16 or bfloat16, the dtypes the lab builds: change it in a copy of the file\n"
         )
+
+
+def test_an_architecture_transformers_does_not_know_is_built_by_its_model_type(capsys, tmp_path):
+    """Older Llama files say LLaMAForCausalLM; a base model says LlamaModel: both are built as
+    the model_type's causal LM, as before, where a known head of another kind is refused."""
+    llama = reduced("llama-3.2-1b")
+    assert llama["architectures"] == ["LlamaForCausalLM"]
+    found = {}
+    for names in (
+        ["LlamaForCausalLM"],
+        ["LLaMAForCausalLM"],
+        ["LlamaModel"],
+        "LlamaForCausalLM",
+        [],
+    ):
+        document = estimate(capsys, written(tmp_path, {**llama, "architectures": names}))
+        found[str(names)] = document["prediction"]["phases"]
+    assert len({json.dumps(phases) for phases in found.values()}) == 1, found.keys()
 
 
 def test_hf_options_without_a_config_are_refused(capsys, tmp_path):

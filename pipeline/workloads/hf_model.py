@@ -102,15 +102,36 @@ def require(task: str) -> None:
 
 
 def head_of(transformers, config) -> tuple[str, str]:
-    """(auto class, kind) for the config: the mapping that holds its architecture's name, or
-    else the first that has its model_type."""
+    """(auto class, kind) for the config: the head its architecture names for its model_type;
+    for a base model or a class transformers does not know (a fork's, a remote one), the
+    first head that has its model_type. An architecture transformers builds another way (a
+    sequence classifier, a speech model, another family's class) is refused: built as the
+    first head of its model_type, its memory would be another model's."""
     from transformers.models.auto import modeling_auto
 
+    def classes(value) -> tuple[str, ...]:
+        return value if isinstance(value, tuple) else (value,)
+
     architectures = config.architectures or []
+    if isinstance(architectures, str):  # a file that names one class without its list
+        architectures = [architectures]
     for mapping, auto, kind in HEADS:
-        names = getattr(modeling_auto, mapping)
-        if any(name in names.values() for name in architectures):
+        built = classes(getattr(modeling_auto, mapping).get(config.model_type, ()))
+        if any(name in built for name in architectures):
             return auto, kind
+    heads = {
+        name
+        for mapping in dir(modeling_auto)
+        if mapping.endswith("_MAPPING_NAMES") and mapping != "MODEL_MAPPING_NAMES"
+        for value in getattr(modeling_auto, mapping).values()
+        for name in classes(value)
+    } - set(modeling_auto.MODEL_MAPPING_NAMES.values())
+    if refused := [name for name in architectures if name in heads]:
+        raise cli.UsageError(
+            f"--hf-config: architectures names {refused[0]}, which the lab does not build for "
+            f"model_type {config.model_type!r}: it builds a causal LM, sequence-to-sequence, "
+            "masked LM or image classification head"
+        )
     for mapping, auto, kind in HEADS:
         if config.model_type in getattr(modeling_auto, mapping):
             return auto, kind
