@@ -371,6 +371,47 @@ def test_an_architecture_transformers_does_not_know_is_built_by_its_model_type(c
     assert len({json.dumps(phases) for phases in found.values()}) == 1, found.keys()
 
 
+@pytest.mark.parametrize(
+    ("name", "table", "task", "fits", "over"),
+    [
+        ("gpt2", {"n_positions": 32}, "inference", "sequence=32", "sequence=33"),
+        ("gpt2", {"n_positions": 32}, "generate", "sequence=30:3", "sequence=30:4"),
+        ("roberta-base", {"max_position_embeddings": 34}, "training", "sequence=32", "sequence=33"),
+        ("opt-125m", {"max_position_embeddings": 32}, "training", "sequence=32", "sequence=33"),
+    ],
+)
+def test_a_sequence_past_a_learned_position_table_is_refused_as_the_gpu_would_fail(
+    capsys, tmp_path, name, table, task, fits, over
+):
+    """A fake tensor never checks an embedding's indices: at 33 positions of a 32-row table
+    the estimate said "exact" for a run the GPU stops with an index out of range. RoBERTa's
+    table starts after its padding index (2 rows), OPT's at an offset of 2 (34 rows)."""
+    path = written(tmp_path, reduced(name, **table))
+
+    def run(dims: str) -> int:
+        sequence, _, new_tokens = dims.partition(":")
+        extra = ["--new-tokens", new_tokens] if new_tokens else []
+        argv = ["estimate", "--hf-config", str(path), "--task", task, "--dim", sequence]
+        return own_model.main([*argv, *extra, "--warmup", "1", "--repeats", "1", "--json"])
+
+    assert run(fits) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert run(over) == 2
+    captured = capsys.readouterr()
+    needed = 33
+    assert captured.err.endswith(
+        f": {needed} positions, but this model's learned position embedding holds 32: the GPU "
+        "would fail on an index out of range, and a fake tensor does not check it\n"
+    )
+    assert captured.out == ""
+
+
+def test_rotary_positions_have_no_table_to_run_past(capsys, tmp_path):
+    path = written(tmp_path, reduced("llama-3.2-1b", max_position_embeddings=16))
+    document = estimate(capsys, path, sequence=64)  # four times its max_position_embeddings
+    assert document["prediction"]["status"] != "not_predicted"
+
+
 def test_hf_options_without_a_config_are_refused(capsys, tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f(config):\n    pass\n")

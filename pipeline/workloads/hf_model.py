@@ -228,6 +228,17 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
     getattr(transformers, auto)._model_mapping[type(settings)]
     with torch.device(config.device), initialised_as_on_a_gpu(transformers, config.device):
         model = getattr(transformers, auto).from_config(settings, dtype=config.dtype)
+    if "sequence" in dims:  # the generation's last token sits at sequence + new_tokens - 2
+        needed = dims["sequence"] + (dims["new_tokens"] - 1 if task == "generate" else 0)
+        limit = learned_positions(torch, model)
+        if limit is not None and needed > limit:
+            raise cli.UsageError(
+                f"--dim sequence={dims['sequence']}"
+                + (f" with --new-tokens {dims['new_tokens']}" if task == "generate" else "")
+                + f": {needed} positions, but this model's learned position embedding holds "
+                f"{limit}: the GPU would fail on an index out of range, and a fake tensor does "
+                "not check it"
+            )
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     make_inputs = inputs_for(
@@ -290,6 +301,22 @@ def inputs_for(torch, config, model, kind: str, task: str, size: int | None):
         return inputs
 
     return make_inputs
+
+
+def learned_positions(torch, model) -> int | None:
+    """The positions a learned (or tabled) absolute position embedding holds, None where the
+    model has none: rotary, relative and ALiBi positions have no table to run past. GPT-2's
+    `wpe`, BERT's `position_embeddings`; OPT's and BART's count from an offset of 2,
+    RoBERTa's after its padding index."""
+    limits = []
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, torch.nn.Embedding) and ("position" in leaf or leaf == "wpe"):
+            usable = module.num_embeddings - getattr(module, "offset", 0)
+            if module.padding_idx is not None:
+                usable -= module.padding_idx + 1
+            limits.append(usable)
+    return min(limits, default=None)
 
 
 def greedy(torch, new_tokens: int):
