@@ -279,6 +279,12 @@ BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
             "Validation error for field 'num_heads': TypeError: Field 'num_heads' with value 4",
         ),
         (BERT, ("--task", "generate"), "bert is not a causal LM"),
+        (  # transformers raised ImportError in model_load where flash-attn is not installed
+            '{"model_type": "llama", "attn_implementation": "flash_attention_2"}',
+            (),
+            "attn_implementation 'flash_attention_2' is not modelled: the lab predicts "
+            "PyTorch's attention, 'sdpa' (transformers' default) or 'eager'",
+        ),
         (  # a classifier: built as the family's causal LM, its memory would be another's
             '{"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]}',
             (),

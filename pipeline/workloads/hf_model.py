@@ -67,6 +67,13 @@ def read_config(path: Path) -> dict:
                 f"--hf-config {path}: {key} {value!r} is not float32, float16 or "
                 "bfloat16, the dtypes the lab builds: change it in a copy of the file"
             )
+    for key in ("attn_implementation", "_attn_implementation"):
+        if config.get(key) not in (None, "sdpa", "eager"):
+            raise cli.UsageError(
+                f"--hf-config {path}: {key} {config[key]!r} is not modelled: the lab predicts "
+                "PyTorch's attention, 'sdpa' (transformers' default) or 'eager'; remove it "
+                "from a copy of the file to predict the model with sdpa"
+            )
     quantization = config.get("quantization_config")
     if quantization is not None:
         # from_config ignores it: the model would be built, predicted and measured unquantized
