@@ -279,6 +279,7 @@ BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
             "Validation error for field 'num_heads': TypeError: Field 'num_heads' with value 4",
         ),
         (BERT, ("--task", "generate"), "bert is not a causal LM"),
+        (BERT, ("--gradient-checkpointing",), "--gradient-checkpointing goes with --task training"),
         (  # transformers raised ImportError in model_load where flash-attn is not installed
             '{"model_type": "llama", "attn_implementation": "flash_attention_2"}',
             (),

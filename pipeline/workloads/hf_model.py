@@ -212,6 +212,11 @@ def workload_source(config: dict, task: str, kind: str, checkpointing: bool) -> 
 
 def workload_file(path: Path, task: str, checkpointing: bool):
     """A WorkloadFile for a config.json: named and hashed by the config's bytes."""
+    if checkpointing and task not in ("training", "lora"):
+        raise cli.UsageError(
+            f"--gradient-checkpointing goes with --task training or lora: {task} keeps no "
+            "activations for a backward pass"
+        )
     config = read_config(path)
     kind = check(config, task, path)
     source = workload_source(config, task, kind, checkpointing)
