@@ -145,6 +145,7 @@ RESNET = {
         (RESNET, (), 224),  # ImageNet's, as the model cards use
         (RESNET, ("--dim", "image=96"), 96),
         (reduced("vit-base-patch16-224-in21k"), (), 32),  # the config's image_size
+        (reduced("vit-base-patch16-224-in21k"), ("--dim", "image=64"), 64),  # built for 64
     ],
 )
 def test_an_image_model_takes_its_configs_side_or_224_or_the_one_given(
@@ -157,6 +158,19 @@ def test_an_image_model_takes_its_configs_side_or_224_or_the_one_given(
     inputs = next(row for row in document["prediction"]["phases"] if row["phase"] == "inputs")
     pixels = 2 * 3 * side * side * 4  # batch 2, float32
     assert inputs["allocated_bytes"] - inputs["baseline_allocated_bytes"] == -(-pixels // 512) * 512
+
+
+def test_a_vision_transformer_at_another_side_is_the_model_built_for_that_side(capsys, tmp_path):
+    """ViT's position embeddings are one per patch of its config's image_size: at another
+    side its forward raised ValueError ("Input image size (384*384) doesn't match model");
+    the model is now built for the side given, as a checkpoint fine-tuned at 384 is."""
+    config = reduced("vit-base-patch16-224-in21k")  # image 32, patches of 8: 16 + 1 positions
+    counts = {}
+    for side in (32, 64):
+        document = estimate(capsys, written(tmp_path, config), "--dim", f"image={side}",
+                            sequence=None)  # fmt: skip
+        counts[side] = document["workload"]["parameters"]["count"]
+    assert counts[64] - counts[32] == (64 - 16) * SMALL["hidden_size"]  # 64 + 1 positions
 
 
 def test_convnext_whose_init_reads_a_cpu_schedule_back_is_predicted(capsys, tmp_path):

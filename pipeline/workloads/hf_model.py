@@ -232,6 +232,10 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
     import torch
     import transformers
 
+    if isinstance(hf.get("image_size"), int) and "image" in dims:
+        # a side other than the config's is the model built for that side (its position
+        # embeddings for that many patches), as a checkpoint fine-tuned at 384 pixels is
+        hf = {**hf, "image_size": dims["image"]}
     settings = transformers.AutoConfig.for_model(**hf)
     auto, kind = head_of(transformers, settings)
     # The model's module is imported before the device context, as a user's script imports it:
