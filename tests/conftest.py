@@ -116,3 +116,33 @@ def outside_python(folder: Path) -> Path:
     python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
     python.chmod(0o755)
     return python
+
+
+def on_a_terminal(script: str, *args: str) -> tuple[int, str, list[str]]:
+    """A pipeline command whose stderr is a pseudo-terminal, its stdout a pipe: (exit code,
+    stdout, the progress lines it wrote and rewrote). Each line must begin by clearing the
+    one before ("\\r\\x1b[K"), and the command must end with a clear: only the answer stays."""
+    import pty
+
+    master, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, *command(script), *args],
+        stdout=subprocess.PIPE, stderr=terminal, cwd=ROOT,
+    )  # fmt: skip
+    os.close(terminal)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # Linux: EIO once the other end is closed
+            break
+        if not chunk:
+            break
+        said += chunk
+    os.close(master)
+    out = process.stdout.read().decode()
+    code = process.wait()
+    pieces = said.decode().split("\r\x1b[K")
+    assert pieces[0] == "", pieces[0]  # nothing but the progress line
+    assert pieces[-1] == "", pieces[-1]  # the last clear
+    return code, out, pieces[1:-1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import types
 from pathlib import Path
 
@@ -525,6 +526,23 @@ def test_estimate_says_first_the_peak_and_that_it_is_exact_with_the_committed_h2
     assert source.startswith("nvidia-h200-torch-2.11.0+cu130.json (sha256 ")
     first = estimate("--gpu", "h200").stdout.splitlines()[0]
     assert first == f"peak reserved {peak / 2**30:.2f} GiB ({peak:,} bytes), exact with {source}"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal is POSIX")
+def test_on_a_terminal_the_estimate_says_which_phase_it_traces_then_clears_the_line():
+    from conftest import on_a_terminal
+
+    argv = ["estimate", *TINY_ARGS, "--new-tokens", "4", "--tokens-per-row", "1", "--gpu", "h200"]
+    code, out, lines = on_a_terminal("decoder.py", *argv)
+    assert code == 0
+    steps = [line.split("... ")[0].removeprefix("decoder.py: ") for line in lines]
+    run = run_of(new_tokens=4, tokens_per_row=1)
+    plan = decoder_rules.written_rows(run, decoder_rules.planned_rows(run))
+    assert [row[:2] for row in plan][-2:] == [("decode", 1), ("decode", 2)]
+    assert steps == [f"tracing {name}" + (f" {rep}" if rep else "") for name, rep, *_ in plan] + [
+        "predicting: replaying the trace"
+    ]
+    assert out.startswith(run_script("decoder.py", *argv).stdout.splitlines()[0])
 
 
 def test_estimate_without_a_calibration_says_approximate_and_how_to_predict_for_a_gpu():

@@ -15,7 +15,6 @@ import importlib.util
 import io
 import itertools
 import json
-import os
 import sys
 
 import pytest
@@ -1077,44 +1076,19 @@ def test_each_example_traces_on_the_cpu_and_validates(capsys, spec, kind):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal is POSIX")
 def test_on_a_terminal_the_estimate_says_which_phase_it_traces_then_clears_the_line(tmp_path):
-    import pty
-    import subprocess
-
-    from conftest import ROOT, command
+    from conftest import on_a_terminal
 
     path = workload(tmp_path, MLP_ADAMW)
-    master, terminal = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, *command("own_model.py"), "estimate", "--workload", f"{path}:mlp"],
-        stdout=subprocess.PIPE, stderr=terminal, cwd=ROOT,
-    )  # fmt: skip
-    os.close(terminal)
-    said = b""
-    while chunk := read_or_none(master):
-        said += chunk
-    os.close(master)
-    out = process.stdout.read().decode()
-    assert process.wait() == 0
-    lines = said.decode().split("\r\x1b[K")
-    assert lines[0] == ""  # each line clears the one before it
-    assert lines[-1] == ""  # and the last clears all: only the answer stays
-    steps = [line.split("... ")[0] for line in lines[1:-1]]
-    assert steps == [
+    code, out, lines = on_a_terminal("own_model.py", "estimate", "--workload", f"{path}:mlp")
+    assert code == 0
+    assert [line.split("... ")[0] for line in lines] == [
         "own_model.py: tracing model_load", "own_model.py: tracing inputs",
         "own_model.py: tracing cold_step", "own_model.py: tracing optimizer_state",
         "own_model.py: tracing warmup", "own_model.py: tracing warm_step 1",
         "own_model.py: tracing warm_step 2", "own_model.py: predicting: replaying the trace",
     ]  # fmt: skip
-    assert all(line.endswith(" s") for line in lines[1:-1])
+    assert all(line.endswith(" s") for line in lines)
     assert out.startswith("predicted PyTorch allocator counters")  # the answer, unchanged
-
-
-def read_or_none(fd: int) -> bytes | None:
-    """What a pseudo-terminal has, or None once its other end is closed (Linux raises EIO)."""
-    try:
-        return os.read(fd, 4096) or None
-    except OSError:
-        return None
 
 
 # ------------------------------------------------------------------ facts for validate.py

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,6 +59,35 @@ def device(text: str) -> str:
     except argparse.ArgumentTypeError as exc:
         raise UsageError(f"argument --device: {exc}") from None
     return text
+
+
+def progress_line(prog: str) -> Callable[[str | None], None] | None:
+    """On a terminal, one stderr line rewritten as a long command goes, the seconds since it
+    began beside it (a large model's generation takes minutes to trace on a laptop); None
+    clears the line, so that the answer is all that stays. None where stderr is not a
+    terminal: nothing of it reaches a pipe or a file."""
+    if not sys.stderr.isatty():
+        return None
+    started = time.monotonic()
+
+    def say(what: str | None) -> None:
+        seconds = time.monotonic() - started
+        shown = "" if what is None else f"{prog}: {what}... {seconds:.0f} s"
+        print(f"\r\033[K{shown}", end="", file=sys.stderr, flush=True)
+
+    return say
+
+
+def announced(phase: Callable, say: Callable[[str | None], None] | None) -> Callable:
+    """A phase runner that first tells `say` which phase (and repetition) it runs."""
+    if say is None:
+        return phase
+
+    def each(name: str, operation, repetition: int | None = None, passes: int = 1):
+        say(f"tracing {name}" + (f" {repetition}" if repetition else ""))
+        return phase(name, operation, repetition, passes)
+
+    return each
 
 
 def existing_file(path: Path, flag: str) -> bytes:

@@ -255,7 +255,7 @@ def row_fields(run: dict) -> list[dict]:
     return rows
 
 
-def predicted(torch, shape: Shape, run: dict, gpu: str | None):
+def predicted(torch, shape: Shape, run: dict, gpu: str | None, say=None):
     """(trace, prediction, where the kernels' own blocks came from) without a GPU: traced on
     meta as the GPU of `gpu`'s committed calibration runs it, replayed with that calibration;
     without one, the meta device's own kernel choices and no kernel blocks (approximate)."""
@@ -263,7 +263,9 @@ def predicted(torch, shape: Shape, run: dict, gpu: str | None):
     if gpu is not None:
         calibration, facts = gpu_calibration.load(gpu)
         target, source = gpu_calibration.target(facts), calibration.source
-    traced = trace(torch, shape, run, 0, target)
+    traced = trace(torch, shape, run, 0, target, say)
+    if say is not None:
+        say("predicting: replaying the trace")
     return traced, trace_prediction.predict(traced, calibration), source
 
 
@@ -273,9 +275,11 @@ def followed(traced) -> None:
         raise RuntimeError(f"the trace did not follow the decoder: {traced.stopped}")
 
 
-def predicted_document(shape: Shape, preset: str | None, run: dict, gpu: str | None) -> dict:
+def predicted_document(
+    shape: Shape, preset: str | None, run: dict, gpu: str | None, say=None
+) -> dict:
     torch = environment_capture.import_torch()
-    traced, prediction, source = predicted(torch, shape, run, gpu)
+    traced, prediction, source = predicted(torch, shape, run, gpu, say)
     record = trace_prediction.prediction_record(traced, prediction, source)
     rows = row_fields(run)
     for row, expected in zip(rows, record["phases"], strict=True):
@@ -400,12 +404,13 @@ def measure_rows(torch, shape: Shape, run: dict, seed: int, device, phases: list
     return state
 
 
-def trace(torch, shape: Shape, run: dict, seed: int, target):
+def trace(torch, shape: Shape, run: dict, seed: int, target, say=None):
     """The decoder traced on the meta device as `target` (an attention_choice.TargetGpu) runs
     it, through the driver `measure` itself uses: what `estimate` and `measure` replay, and
     the calls a probe sweep probes for it."""
 
     def drive(phase) -> None:
+        phase = cli.announced(phase, say)  # on a terminal, estimate's progress line
         measure_rows(torch, shape, run, seed, torch.device("meta"), [], phase=phase)
 
     traced = trace_prediction.run_trace(torch, "meta", drive, target=target)
@@ -649,7 +654,10 @@ def main(argv: list[str] | None = None, process_start: str = environment_capture
         if refused := over_budget(shape, run, args.estimate_budget):
             raise cli.UsageError(refused)
         if args.command == "estimate":
-            document = predicted_document(shape, preset, run, args.gpu)
+            say = cli.progress_line("decoder.py")
+            document = predicted_document(shape, preset, run, args.gpu, say)
+            if say is not None:
+                say(None)
             if args.json:
                 print(json.dumps(document, indent=2))
             else:

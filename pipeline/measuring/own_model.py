@@ -37,7 +37,6 @@ import json
 import pickle
 import re
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -476,13 +475,7 @@ def trace_workload(torch, setting: Setting, index: int, target=None, device=None
     limits = (*torch_private.fake_tensor_limits(), trace_prediction.TraceStopped)
 
     def run(phase) -> None:
-        if say is not None:
-            traced = phase
-
-            def phase(name, operation, repetition=None, passes=1):
-                say(f"tracing {name}" + (f" {repetition}" if repetition else ""))
-                return traced(name, operation, repetition, passes)
-
+        phase = cli.announced(phase, say)
         try:
             module = import_workload(setting.file)
             function = getattr(module, setting.file.function)
@@ -766,7 +759,7 @@ def estimate(args) -> int:
     if args.calibration is not None:
         calibration, source = read_calibration(Path(args.calibration))
     torch = environment_capture.import_torch()
-    say = progress_line() if sys.stderr.isatty() else None
+    say = cli.progress_line("own_model.py")
     try:
         load(setting)
         trace, facts, failure = trace_workload(torch, setting, 0, target, say=say)
@@ -800,20 +793,6 @@ def estimate(args) -> int:
     else:
         print_estimate(document)
     return cli.OK
-
-
-def progress_line() -> Callable[[str | None], None]:
-    """On a terminal, one stderr line rewritten as the estimate goes, the seconds since it
-    began beside it: a large model's generation takes minutes to trace on a laptop. None
-    clears the line, so that the answer is all that stays."""
-    started = time.monotonic()
-
-    def say(what: str | None) -> None:
-        seconds = time.monotonic() - started
-        shown = "" if what is None else f"own_model.py: {what}... {seconds:.0f} s"
-        print(f"\r\033[K{shown}", end="", file=sys.stderr, flush=True)
-
-    return say
 
 
 def read_calibration(path: Path):
