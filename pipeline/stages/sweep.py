@@ -269,7 +269,6 @@ def own_base(args: argparse.Namespace, vary: str) -> tuple[dict, Path]:
     path given), its settings and each declared dimension, flat so that any of them can vary;
     and the path, kept for the points' command lines only. Checked as own_model.py checks it,
     without importing the file (the sweep imports torch only for a config's transformers)."""
-    # a config is read by transformers: the one case where the sweep imports torch
     named = None if args.hf_config else own_model.workload_argument(args.workload)
     file, given, dtype = own_model.workload_of(args, named)
     path, function = file.path, file.function
@@ -303,8 +302,8 @@ def own_sweep_base(args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def own_flags(configuration: dict, args: argparse.Namespace) -> list[str]:
-    """The `own_model.py measure` options of one point; the path is the one given. A config's
-    task is its function's name (hf_model.function_name)."""
+    """The `own_model.py measure` options of one point: the workload as the sweep was given it
+    (the path, or the config with its task), then the point's settings and dimensions."""
     if args.hf_config is not None:
         task = args.task or "inference"
         checkpointing = ["--gradient-checkpointing"] if args.gradient_checkpointing else []

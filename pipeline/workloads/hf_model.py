@@ -89,13 +89,6 @@ def read_config(path: Path) -> dict:
     return config
 
 
-def config_dtype(path: Path, default: str) -> str:
-    """The dtype a config names (`dtype`, or `torch_dtype` as older files say), which
-    transformers builds the model in when it is given none; `default` where it names none."""
-    config = read_config(path)
-    return config.get("dtype") or config.get("torch_dtype") or default
-
-
 def require(task: str) -> None:
     """transformers (and peft for lora) importable, else one line."""
     needed = ["transformers"] + (["peft"] if task == "lora" else [])
@@ -210,8 +203,10 @@ def workload_source(config: dict, task: str, kind: str, checkpointing: bool) -> 
     )
 
 
-def workload_file(path: Path, task: str, checkpointing: bool):
-    """A WorkloadFile for a config.json: named and hashed by the config's bytes."""
+def workload_file(path: Path, task: str, checkpointing: bool) -> tuple[WorkloadFile, str | None]:
+    """A WorkloadFile for a config.json, named and hashed by the config's bytes; and the dtype
+    the config names (`dtype`, or `torch_dtype` as older files say), which transformers
+    builds the model in when it is given none, or None."""
     if checkpointing and task not in ("training", "lora"):
         raise cli.UsageError(
             f"--gradient-checkpointing goes with --task training or lora: {task} keeps no "
@@ -221,7 +216,8 @@ def workload_file(path: Path, task: str, checkpointing: bool):
     kind = check(config, task, path)
     source = workload_source(config, task, kind, checkpointing)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return WorkloadFile(path, function_name(task, checkpointing), source, digest)
+    named = config.get("dtype") or config.get("torch_dtype")
+    return WorkloadFile(path, function_name(task, checkpointing), source, digest), named
 
 
 # ---------------------------------------------------------------- inside the workload
