@@ -230,38 +230,116 @@ def test_gradient_checkpointing_lowers_the_training_peak(capsys, tmp_path):
     assert cold(checkpointed) < cold(plain)
 
 
+def protocol(config: dict, task: str, device: str):
+    """own_model's protocol over the config's workload (a cold step, one warm-up, one timed
+    step) on `device`, at batch 2 × 16 tokens in float32, for tp.run_trace."""
+
+    def drive(phase):
+        configuration = own_model.Configuration(torch.device(device), torch.float32, 2, 0)
+
+        def function(config_, *, sequence, lora_rank=4):
+            dims = {"sequence": sequence, **({"lora_rank": lora_rank} if task == "lora" else {})}
+            return hf_model.build(config_, config, task, False, **dims)
+
+        dims = {"sequence": 16, **({"lora_rank": 4} if task == "lora" else {})}
+        kind = "training" if task in ("training", "lora") else "inference"
+        own_model.drive(torch, phase, function, kind, configuration, dims, 1, 1, [], {}, ())
+
+    return drive
+
+
+def allocations(trace) -> list:
+    """Blocks made by operators. Storages of no bytes are no block (a cache starts as
+    torch.tensor([]), made outside the dispatcher on the CPU, through it on meta)."""
+    events = [event[1] for event in trace.events if event[0] == "op"]
+    return [(nbytes, op.name) for op in events for *_, nbytes in op.outputs if nbytes]
+
+
 def test_the_trace_allocates_what_a_real_cpu_run_of_the_workload_allocates():
     """The oracle: the same training workload run for real on the CPU, recorded by the same
     dispatch mode without fake tensors (eager attention: the meta device has no fused one),
     allocates the same sizes by the same operators, in order: weight initialisation
     included, which transformers skips on the meta device unless told otherwise."""
     config = reduced("llama-3.1-8b", attn_implementation="eager")
-
-    def protocol(device: str):
-        def drive(phase):
-            configuration = own_model.Configuration(torch.device(device), torch.float32, 2, 0)
-
-            def function(config_, *, sequence):
-                return hf_model.build(config_, config, "training", False, sequence=sequence)
-
-            own_model.drive(
-                torch, phase, function, "training", configuration, {"sequence": 16}, 1, 1,
-                [], {}, (),
-            )  # fmt: skip
-
-        return drive
-
-    def allocations(trace) -> list:
-        """Blocks made by operators. Storages of no bytes are no block (a cache starts as
-        torch.tensor([]), made outside the dispatcher on the CPU, through it on meta)."""
-        events = [event[1] for event in trace.events if event[0] == "op"]
-        return [(nbytes, op.name) for op in events for *_, nbytes in op.outputs if nbytes]
-
-    fake = tp.run_trace(torch, "meta", protocol("meta"))
-    real = tp.run_trace(torch, "cpu", protocol("cpu"), fake=False)
+    fake = tp.run_trace(torch, "meta", protocol(config, "training", "meta"))
+    real = tp.run_trace(torch, "cpu", protocol(config, "training", "cpu"), fake=False)
     assert fake.stopped is None
     assert len(allocations(fake)) > 200
     assert allocations(fake) == allocations(real)
+
+
+# A fine-tuned classifier's config names its head (and its labels); a pretrained
+# checkpoint's names its pretraining head: a copy naming the classifier sizes its fine-tune.
+@pytest.mark.parametrize(
+    ("name", "head", "task", "labels", "loss", "same"),
+    [
+        ("bert-base-uncased", "BertForSequenceClassification", "training", {"num_labels": 3},
+         "aten.nll_loss_forward", True),
+        ("bert-base-uncased", "BertForTokenClassification", "training", {"num_labels": 5},
+         "aten.nll_loss_forward", True),  # a label per token
+        ("llama-3.2-1b", "LlamaForSequenceClassification", "training",
+         {"num_labels": 2, "pad_token_id": 0}, "aten.nll_loss_forward", True),
+        # the CPU's mse_loss and float() allocate otherwise than the GPU's, which meta follows
+        ("bert-base-uncased", "BertForSequenceClassification", "training", {"num_labels": 1},
+         "aten.mse_loss", False),  # one label: a regression
+        ("roberta-base", "RobertaForSequenceClassification", "lora",
+         {"num_labels": 4, "problem_type": "multi_label_classification"},
+         "aten.binary_cross_entropy_with_logits", False),
+    ],
+)  # fmt: skip
+def test_a_classifier_trains_on_the_labels_its_loss_takes_as_a_real_cpu_run_does(
+    name, head, task, labels, loss, same
+):
+    """Labels of the wrong kind or shape make a real run raise (a float target of (batch,
+    classes) for multi-label, an index a token): the real CPU run is the oracle. Without
+    dropout, whose CPU kernel is not the GPU's the trace follows."""
+    config = reduced(name, architectures=[head], attn_implementation="eager", **labels)
+    config.update({key: 0.0 for key in ("hidden_dropout_prob", "attention_probs_dropout_prob")})
+    fake = tp.run_trace(torch, "meta", protocol(config, task, "meta"))
+    real = tp.run_trace(torch, "cpu", protocol(config, task, "cpu"), fake=False)
+    assert fake.stopped is None
+    assert real.stopped is None
+    traced = {op.rsplit(".", 1)[0] for _, op in allocations(fake)}
+    assert loss in traced
+    assert loss in {op.rsplit(".", 1)[0] for _, op in allocations(real)}
+    if same:
+        assert allocations(fake) == allocations(real)
+
+
+def test_a_classifier_is_built_with_its_head_and_its_lora_trains_the_head_whole(capsys, tmp_path):
+    config = reduced("bert-base-uncased", architectures=["BertForSequenceClassification"])
+    path = written(tmp_path, {**config, "num_labels": 3})
+    document = estimate(capsys, path, "--task", "training")
+    settings = transformers.AutoConfig.for_model(**config, num_labels=3)
+    with torch.device("meta"):
+        built = transformers.AutoModelForSequenceClassification.from_config(settings)
+    assert document["workload"]["parameters"]["count"] == sum(p.numel() for p in built.parameters())
+    assert built.classifier.out_features == 3
+    meta = own_model.Configuration(torch.device("meta"), torch.float32, 2, 0)
+    lora = hf_model.build(
+        meta, {**config, "num_labels": 3}, "lora", False, sequence=16, lora_rank=4
+    )
+    trained = {n for n, p in lora.model.named_parameters() if p.requires_grad}
+    assert any("classifier" in n and "lora_" not in n for n in trained), sorted(trained)
+    assert all("lora_" in n or "classifier" in n for n in trained), sorted(trained)
+
+
+def test_a_decoder_classifier_without_a_pad_token_is_refused_for_a_batch_over_one(capsys, tmp_path):
+    """transformers finds each row's last token by pad_token_id and raises without it when
+    the batch is over 1: the refusal comes before the trace, in one line."""
+    config = reduced("llama-3.2-1b", architectures=["LlamaForSequenceClassification"])
+    config.pop("pad_token_id", None)
+    path = written(tmp_path, config)
+    argv = ["estimate", "--hf-config", str(path), "--dim", "sequence=16", "--json"]
+    assert own_model.main([*argv, "--batch", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err]
+    assert "LlamaForSequenceClassification finds each row's last token by the config's " in err
+    assert "set pad_token_id in a copy of the file" in err
+    assert own_model.main([*argv, "--batch", "1", "--warmup", "1", "--repeats", "1"]) == 0
+    capsys.readouterr()
+    path.write_text(json.dumps({**config, "pad_token_id": 0}))
+    assert own_model.main([*argv, "--batch", "2", "--warmup", "1", "--repeats", "1"]) == 0
 
 
 BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
@@ -300,11 +378,17 @@ BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
             "attn_implementation 'flash_attention_2' is not modelled: the lab predicts "
             "PyTorch's attention, 'sdpa' (transformers' default) or 'eager'",
         ),
-        (  # a classifier: built as the family's causal LM, its memory would be another's
-            '{"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]}',
+        (  # question answering: built as the family's causal LM, its memory would be another's
+            '{"model_type": "llama", "architectures": ["LlamaForQuestionAnswering"]}',
             (),
-            "architectures names LlamaForSequenceClassification, which the lab does not build "
-            "for model_type 'llama'",
+            "architectures names LlamaForQuestionAnswering, which the lab does not build for "
+            "model_type 'llama': it builds a causal LM, sequence-to-sequence, masked LM, image, "
+            "sequence or token classification head",
+        ),
+        (
+            '{"model_type": "bert", "architectures": ["BertForSequenceClassification"]}',
+            ("--task", "generate"),
+            "bert is not a causal LM",
         ),
         (  # another family's class: transformers raised KeyError in model_load
             '{"model_type": "llama", "architectures": ["BertForMaskedLM"]}',
@@ -473,3 +557,24 @@ def test_measure_runs_the_same_workload_with_its_prediction_beside(tmp_path):
     assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert record["phases_run"] == record["phases_planned"]
     assert document["prediction"]["status"] == PredictionStatus.APPROXIMATE
+
+
+@pytest.mark.parametrize(
+    ("head", "labels", "shape", "dtype"),
+    [
+        ("BertForSequenceClassification", {"num_labels": 3}, (2,), torch.int64),
+        ("BertForSequenceClassification", {"num_labels": 1}, (2,), torch.float32),  # regression
+        ("BertForSequenceClassification",
+         {"num_labels": 4, "problem_type": "multi_label_classification"}, (2, 4), torch.float32),
+        ("BertForTokenClassification", {"num_labels": 5}, (2, 16), torch.int64),
+        ("BertForMaskedLM", {}, (2, 16), torch.int64),  # labels = inputs
+    ],
+)  # fmt: skip
+def test_a_classifiers_labels_are_what_a_data_collator_gives_its_loss(head, labels, shape, dtype):
+    """Class indices as int64, a regression's values and multi-label targets as float32
+    (torch's default for Python floats), one a row or one a token."""
+    config = reduced("bert-base-uncased", architectures=[head], **labels)
+    meta = own_model.Configuration(torch.device("meta"), torch.bfloat16, 2, 0)
+    workload = hf_model.build(meta, config, "training", False, sequence=16)
+    made = workload.make_inputs()["labels"]
+    assert (tuple(made.shape), made.dtype) == (shape, dtype)

@@ -12,9 +12,11 @@ file, one path for both. Tasks:
 - generate: greedy decoding of `new_tokens` tokens after a prefill of the sequence, with the
   model's own DynamicCache, as generate()'s loop does (the prefill keeps the last logits
   only); its stopping checks, which read values, are left out: all tokens are generated;
-- training: full fine-tuning, AdamW, labels = inputs (classification: random labels);
+- training: full fine-tuning, AdamW, labels = inputs (classifiers: random labels, one per
+  image, sequence or token, as the config's num_labels and problem_type say);
 - lora: peft LoRA of rank `lora_rank` on the modules peft targets for the family (its
-  attention projections), AdamW over the adapters.
+  attention projections), AdamW over the adapters (and over a classifier's head, which peft
+  trains whole for a classification task).
 `--gradient-checkpointing` turns on the model's own (non-reentrant) checkpointing.
 
 transformers (and peft for lora) are imported only here, when a config is given.
@@ -40,7 +42,15 @@ HEADS = (
     ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM", "seq2seq"),
     ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM", "masked"),
     ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification", "image"),
-)
+    # named by the config's architectures only: a base class is built as one of the above
+    ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification",
+     "sequence-classification"),
+    ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification",
+     "token-classification"),
+)  # fmt: skip
+BUILT = "causal LM, sequence-to-sequence, masked LM, image, sequence or token classification"
+# peft's task for a classifier's LoRA: its head (score, classifier) is then trained whole
+PEFT_TASKS = {"sequence-classification": "SEQ_CLS", "token-classification": "TOKEN_CLS"}
 MISSING = (
     "--hf-config needs transformers{peft}, not installed here: "
     "pip install 'transformers==5.23.0'{peft_pin} (pyproject.toml's `hf` group)"
@@ -104,9 +114,10 @@ def require(task: str) -> None:
 def head_of(transformers, config) -> tuple[str, str]:
     """(auto class, kind) for the config: the head its architecture names for its model_type;
     for a base model or a class transformers does not know (a fork's, a remote one), the
-    first head that has its model_type. An architecture transformers builds another way (a
-    sequence classifier, a speech model, another family's class) is refused: built as the
-    first head of its model_type, its memory would be another model's."""
+    first language or image head that has its model_type. An architecture transformers
+    builds another way (question answering, a speech model, another family's class) is
+    refused: built as the first head of its model_type, its memory would be another
+    model's."""
     from transformers.models.auto import modeling_auto
 
     def classes(value) -> tuple[str, ...]:
@@ -129,10 +140,9 @@ def head_of(transformers, config) -> tuple[str, str]:
     if refused := [name for name in architectures if name in heads]:
         raise cli.UsageError(
             f"--hf-config: architectures names {refused[0]}, which the lab does not build for "
-            f"model_type {config.model_type!r}: it builds a causal LM, sequence-to-sequence, "
-            "masked LM or image classification head"
+            f"model_type {config.model_type!r}: it builds a {BUILT} head"
         )
-    for mapping, auto, kind in HEADS:
+    for mapping, auto, kind in HEADS[:4]:
         if config.model_type in getattr(modeling_auto, mapping):
             return auto, kind
     raise cli.UsageError(
@@ -251,6 +261,12 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
                 f"{limit}: the GPU would fail on an index out of range, and a fake tensor does "
                 "not check it"
             )
+    if kind == "sequence-classification" and config.batch > 1 and needs_padding(model):
+        raise cli.UsageError(
+            f"--batch {config.batch}: {type(model).__name__} finds each row's last token by "
+            "the config's pad_token_id, which it does not set (transformers refuses a batch "
+            "over 1 without it): set pad_token_id in a copy of the file"
+        )
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     make_inputs = inputs_for(
@@ -264,7 +280,10 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
         import peft
 
         rank = dims["lora_rank"]
-        model = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank))
+        lora = {"r": rank, "lora_alpha": 2 * rank}
+        if kind in PEFT_TASKS:
+            lora["task_type"] = PEFT_TASKS[kind]
+        model = peft.get_peft_model(model, peft.LoraConfig(**lora))
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)  # a GPU's default
@@ -289,9 +308,17 @@ def initialised_as_on_a_gpu(transformers, device):
         utils.get_torch_context_manager_or_global_device = original
 
 
+def needs_padding(model) -> bool:
+    """Whether the classifier's forward reads pad_token_id to find each row's last token
+    (a decoder's: Llama's, GPT-2's) while the config sets none."""
+    if model.config.pad_token_id is not None:
+        return False
+    return "pad_token_id" in inspect.getsource(type(model).forward)
+
+
 def inputs_for(torch, config, model, kind: str, task: str, size: int | None):
     """make_inputs() for the model's kind: `size` token ids (labels = inputs for training),
-    or images `size` pixels a side (random labels)."""
+    or images `size` pixels a side; a classifier's labels are random, as its loss takes them."""
     settings = model.config
     training = task in ("training", "lora")
     device, batch = config.device, config.batch
@@ -300,19 +327,35 @@ def inputs_for(torch, config, model, kind: str, task: str, size: int | None):
         if kind == "image":
             shape = (batch, settings.num_channels, size, size)
             inputs = {"pixel_values": torch.randn(shape, device=device, dtype=config.dtype)}
-            if training:
-                inputs["labels"] = torch.randint(0, settings.num_labels, (batch,), device=device)
+        else:
+            vocab = settings.get_text_config().vocab_size
+            inputs = {"input_ids": torch.randint(0, vocab, (batch, size), device=device)}
+        if not training:
+            if kind == "seq2seq":
+                inputs["decoder_input_ids"] = inputs["input_ids"]
             return inputs
-        vocab = settings.get_text_config().vocab_size
-        ids = torch.randint(0, vocab, (batch, size), device=device)
-        inputs = {"input_ids": ids}
-        if training:
-            inputs["labels"] = ids
-        elif kind == "seq2seq":
-            inputs["decoder_input_ids"] = ids
+        if kind == "token-classification":
+            inputs["labels"] = torch.randint(0, settings.num_labels, (batch, size), device=device)
+        elif kind in ("image", "sequence-classification"):
+            inputs["labels"] = class_labels(torch, settings, batch, device)
+        else:
+            inputs["labels"] = inputs["input_ids"]
         return inputs
 
     return make_inputs
+
+
+def class_labels(torch, settings, batch: int, device):
+    """One label a row, of the kind the head's loss takes (transformers' rule, from
+    problem_type, else num_labels): a value for a regression (one label), a 0/1 target
+    per class for multi-label classification, else a class index. Values in float32, as a
+    data collator makes them from Python numbers."""
+    problem = settings.problem_type or ("regression" if settings.num_labels == 1 else None)
+    if problem == "regression":
+        return torch.randn((batch,), device=device)
+    if problem == "multi_label_classification":
+        return torch.randint(0, 2, (batch, settings.num_labels), device=device).float()
+    return torch.randint(0, settings.num_labels, (batch,), device=device)
 
 
 def learned_positions(torch, model) -> int | None:
