@@ -578,3 +578,16 @@ def test_a_classifiers_labels_are_what_a_data_collator_gives_its_loss(head, labe
     workload = hf_model.build(meta, config, "training", False, sequence=16)
     made = workload.make_inputs()["labels"]
     assert (tuple(made.shape), made.dtype) == (shape, dtype)
+
+
+def test_a_classifiers_lora_says_nothing_of_peft_and_transformers_versions():
+    """peft's classifier wrapper reads a property transformers deprecates: the user would see
+    a FutureWarning above every answer, about two libraries they cannot change."""
+    import warnings
+
+    config = reduced("roberta-base", architectures=["RobertaForSequenceClassification"])
+    meta = own_model.Configuration(torch.device("meta"), torch.float32, 2, 0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        hf_model.build(meta, config, "lora", False, sequence=16, lora_rank=4)
+    assert [str(w.message) for w in said if w.category is FutureWarning] == []

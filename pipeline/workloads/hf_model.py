@@ -29,6 +29,7 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import warnings
 from pathlib import Path
 
 from pipeline.core import allocator_model, cli
@@ -283,7 +284,11 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
         lora = {"r": rank, "lora_alpha": 2 * rank}
         if kind in PEFT_TASKS:
             lora["task_type"] = PEFT_TASKS[kind]
-        model = peft.get_peft_model(model, peft.LoraConfig(**lora))
+        with warnings.catch_warnings():
+            # peft 0.21's classifier wrapper reads a property transformers 5 deprecates: a
+            # warning about the two libraries, which nobody running the lab can act on
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
+            model = peft.get_peft_model(model, peft.LoraConfig(**lora))
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)  # a GPU's default
