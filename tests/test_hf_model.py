@@ -390,6 +390,12 @@ BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
             ("--task", "generate"),
             "bert is not a causal LM",
         ),
+        (  # BART's and T5's classifiers pool at each row's eos tokens: values, not shapes
+            json.dumps({**reduced("t5-small"), "architectures": ["T5ForSequenceClassification"]}),
+            (),
+            "T5ForSequenceClassification is not modelled: it pools each row at its "
+            "end-of-sequence tokens, found by their values",
+        ),
         (  # another family's class: transformers raised KeyError in model_load
             '{"model_type": "llama", "architectures": ["BertForMaskedLM"]}',
             (),

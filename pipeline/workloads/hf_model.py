@@ -262,6 +262,12 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
                 f"{limit}: the GPU would fail on an index out of range, and a fake tensor does "
                 "not check it"
             )
+    if kind == "sequence-classification" and settings.is_encoder_decoder:
+        raise cli.UsageError(
+            f"--hf-config: {type(model).__name__} is not modelled: it pools each row at its "
+            "end-of-sequence tokens, found by their values (the same count in every row, "
+            "or it raises), which random tokens do not have and a trace cannot follow"
+        )
     if kind == "sequence-classification" and config.batch > 1 and needs_padding(model):
         raise cli.UsageError(
             f"--batch {config.batch}: {type(model).__name__} finds each row's last token by "
