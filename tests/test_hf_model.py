@@ -597,3 +597,14 @@ def test_a_classifiers_lora_says_nothing_of_peft_and_transformers_versions():
         warnings.simplefilter("always")
         hf_model.build(meta, config, "lora", False, sequence=16, lora_rank=4)
     assert [str(w.message) for w in said if w.category is FutureWarning] == []
+
+
+def test_a_config_holding_infinity_is_built_as_json_reads_it(capsys, tmp_path):
+    """JSON's Infinity and NaN (Falcon-H1's time_step_limit is [0.0, Infinity]) are floats
+    to json.loads; written into the workload as repr they were `inf`, a NameError."""
+    config = reduced("llama-3.2-1b", time_step_limit=[0.0, float("inf")], rope_nan=float("nan"))
+    path = written(tmp_path, config)
+    assert "Infinity" in path.read_text()
+    document = estimate(capsys, path, "--task", "inference")
+    assert document["prediction"]["phases"]
+    assert document["workload"]["file"] == "config.json"

@@ -207,8 +207,11 @@ def workload_source(config: dict, task: str, kind: str, checkpointing: bool) -> 
     passed = "".join(f", {key}={key}" for key in dims)
     return (
         '"""A Hugging Face model by its config, built by own_model.py --hf-config."""\n\n'
+        "import json\n\n"
         "from pipeline.workloads import hf_model\n\n"
-        f"CONFIG = {config!r}\n\n\n"
+        # JSON, not repr: a config's Infinity or NaN (Falcon-H1's time_step_limit) is `inf`
+        # to repr, a name Python does not know
+        f"CONFIG = json.loads({json.dumps(config)!r})\n\n\n"
         f"def {name}(config{signature}):\n"
         f"    return hf_model.build(config, CONFIG, {task!r}, {checkpointing!r}{passed})\n"
     )
