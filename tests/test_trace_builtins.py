@@ -271,3 +271,62 @@ def test_dropout_in_training_keeps_a_one_byte_mask_as_on_a_gpu():
         "aten.native_dropout_backward.default",
     ]
     assert [size for *_, size in dropouts[0].outputs] == [4 * 64 * 32 * 2, 4 * 64 * 32]
+
+
+def written_into_out(device: str):
+    """`out=` products as the decoder's rotary embedding and norms make them: into a view of
+    the right shape (nothing allocated), into a lower dtype (the result cast), and into an
+    empty tensor the kernel resizes (its block allocated there)."""
+
+    def drive(phase):
+        x = torch.randn(4, 8, 16, device=device)
+        scale = torch.randn(1, 8, 1, device=device)
+
+        def step():
+            out = torch.empty(4, 8, 16, device=device)
+            torch.mul(x[..., :8], scale, out=out[..., :8])
+            torch.add(x[..., 8:], scale, alpha=2.0, out=out[..., 8:])
+            half = torch.empty(4, 8, 16, dtype=torch.bfloat16, device=device)
+            torch.sub(x, scale, out=half)
+            grown = torch.empty(0, device=device)
+            torch.mul(x, 2.0, out=grown)
+            return out, half, grown
+
+        phase("cold_step", step)
+
+    return drive
+
+
+def test_an_out_product_allocates_only_where_its_out_is_resized_as_a_real_run_does():
+    """The trace takes a product into a fitting `out` without the fake kernel (which caches
+    no `out=` call); one whose `out` must grow goes through it, and its resize is seen."""
+
+    def events(trace) -> list:
+        return [
+            ("op", e[1].name, tuple(o[-1] for o in e[1].outputs)) if e[0] == "op"
+            else ("resize", *e[2:]) if e[0] == "resize" else (e[0],)
+            for e in trace.events
+        ]  # fmt: skip
+
+    fake = tp.run_trace(torch, "meta", written_into_out("meta"))
+    real = tp.run_trace(torch, "cpu", written_into_out("cpu"), fake=False)
+    assert fake.stopped is None
+    assert events(fake) == events(real)
+    step = events(fake)[events(fake).index(("start",)) + 1 :]
+    assert [e for e in step if e[0] != "op" or e[2]] == [
+        ("op", "aten.empty.memory_format", (4 * 8 * 16 * 4,)),
+        ("op", "aten.empty.memory_format", (4 * 8 * 16 * 2,)),  # bfloat16
+        ("op", "aten.empty.memory_format", (0,)),
+        ("resize", 4 * 8 * 16 * 4),  # the grown `out`, before its product
+        ("end",),
+    ]
+
+
+def test_an_out_the_result_cannot_be_cast_to_raises_in_the_trace_as_on_a_gpu():
+    def drive(phase):
+        x = torch.randn(4, 8, device="meta")
+        whole = torch.empty(4, 8, dtype=torch.int64, device="meta")
+        phase("cold_step", lambda: torch.mul(x, 1.5, out=whole))
+
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        tp.run_trace(torch, "meta", drive)
