@@ -717,3 +717,29 @@ def test_bad_hugging_face_flags_stop_before_a_run_folder_exists(tmp_path, flags,
     assert result.stderr.startswith("chain.py: error: ")
     assert message in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("published", "head", "message"),
+    [
+        ("gpt2.json", "GPT2ForSequenceClassification", "--batch 2: GPT2ForSequenceClassification "
+         "finds each row's last token by the config's pad_token_id, which it does not set"),
+        ("t5-small.json", "T5ForSequenceClassification", "T5ForSequenceClassification is not "
+         "modelled: it pools each row at its end-of-sequence tokens"),
+    ],
+)  # fmt: skip
+def test_a_classifier_the_lab_cannot_run_stops_before_a_run_folder_exists(
+    tmp_path, published, head, message
+):
+    pytest.importorskip("transformers")
+    config = json.loads((ROOT / "tests" / "data" / "hf-configs" / published).read_text())
+    path = tmp_path / "classifier.json"
+    path.write_text(json.dumps({**config, "architectures": [head], "num_labels": 3}))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    argv = ["--device", "cuda:0", "--hf-config", str(path), "--task", "training", "--batch", "2"]
+    result = run_script("chain.py", *argv, "--runs-dir", str(runs), cwd=ROOT)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert message in result.stderr
+    assert list(runs.iterdir()) == []

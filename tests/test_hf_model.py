@@ -608,3 +608,14 @@ def test_a_config_holding_infinity_is_built_as_json_reads_it(capsys, tmp_path):
     document = estimate(capsys, path, "--task", "inference")
     assert document["prediction"]["phases"]
     assert document["workload"]["file"] == "config.json"
+
+
+def test_a_sweeps_later_point_past_batch_one_is_refused_where_the_model_is_built():
+    """A sweep checks its base; a point whose batch grows past 1 meets the same rule in
+    build, before anything runs."""
+    config = reduced("llama-3.2-1b", architectures=["LlamaForSequenceClassification"])
+    config.pop("pad_token_id", None)
+    meta = lambda batch: own_model.Configuration(torch.device("meta"), torch.float32, batch, 0)  # noqa: E731
+    assert hf_model.build(meta(1), config, "training", False, sequence=16).model is not None
+    with pytest.raises(own_model.cli.UsageError, match="--batch 4: LlamaForSequenceClassification"):
+        hf_model.build(meta(4), config, "training", False, sequence=16)

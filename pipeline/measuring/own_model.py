@@ -660,7 +660,7 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
     from pipeline.workloads import hf_model
 
     path, task = Path(args.hf_config), args.task or "inference"
-    file, named = hf_model.workload_file(path, task, args.gradient_checkpointing)
+    file, named = hf_model.workload_file(path, task, args.gradient_checkpointing, args.batch)
     options = {"new_tokens": args.new_tokens, "lora_rank": args.lora_rank}
     given += [(name, value) for name, value in options.items() if value is not None]
     return file, given, args.dtype or named or DEFAULTS["dtype"]

@@ -152,8 +152,30 @@ def head_of(transformers, config) -> tuple[str, str]:
     )
 
 
-def check(config: dict, task: str, path: Path) -> str:
-    """Everything that can be refused in one line before a trace: returns the model's kind."""
+def refuse_classifier(model_class, settings, batch: int) -> None:
+    """A sequence classifier the lab cannot run as built: an encoder-decoder's (BART's,
+    T5's) pools each row at its end-of-sequence tokens, found by value; a decoder's
+    (Llama's, GPT-2's) finds each row's last token by pad_token_id, and transformers
+    refuses a batch over 1 without it."""
+    name = model_class.__name__
+    if settings.is_encoder_decoder:
+        raise cli.UsageError(
+            f"--hf-config: {name} is not modelled: it pools each row at its end-of-sequence "
+            "tokens, found by their values (the same count in every row, or it raises), "
+            "which random tokens do not have and a trace cannot follow"
+        )
+    reads_pad = "pad_token_id" in inspect.getsource(model_class.forward)
+    if batch > 1 and settings.pad_token_id is None and reads_pad:
+        raise cli.UsageError(
+            f"--batch {batch}: {name} finds each row's last token by the config's "
+            "pad_token_id, which it does not set (transformers refuses a batch over 1 "
+            "without it): set pad_token_id in a copy of the file"
+        )
+
+
+def check(config: dict, task: str, path: Path, batch: int) -> str:
+    """Everything that can be refused in one line before a trace (and before a chain makes
+    a run folder): returns the model's kind."""
     require(task)
     import transformers
     from huggingface_hub.errors import StrictDataclassError  # transformers' own dependency
@@ -165,7 +187,9 @@ def check(config: dict, task: str, path: Path) -> str:
         # say what and why on two lines: one line here
         said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise cli.UsageError(f"--hf-config {path}: {said[:300] or type(exc).__name__}") from None
-    _, kind = head_of(transformers, built)
+    auto, kind = head_of(transformers, built)
+    if kind == "sequence-classification":
+        refuse_classifier(getattr(transformers, auto)._model_mapping[type(built)], built, batch)
     if task == "generate" and kind != "causal":
         raise cli.UsageError(f"--task generate: {config['model_type']} is not a causal LM")
     if task == "lora":
@@ -217,7 +241,9 @@ def workload_source(config: dict, task: str, kind: str, checkpointing: bool) -> 
     )
 
 
-def workload_file(path: Path, task: str, checkpointing: bool) -> tuple[WorkloadFile, str | None]:
+def workload_file(
+    path: Path, task: str, checkpointing: bool, batch: int
+) -> tuple[WorkloadFile, str | None]:
     """A WorkloadFile for a config.json, named and hashed by the config's bytes; and the dtype
     the config names (`dtype`, or `torch_dtype` as older files say), which transformers
     builds the model in when it is given none, or None."""
@@ -227,7 +253,7 @@ def workload_file(path: Path, task: str, checkpointing: bool) -> tuple[WorkloadF
             "activations for a backward pass"
         )
     config = read_config(path)
-    kind = check(config, task, path)
+    kind = check(config, task, path, batch)
     source = workload_source(config, task, kind, checkpointing)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     named = config.get("dtype") or config.get("torch_dtype")
@@ -265,18 +291,8 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
                 f"{limit}: the GPU would fail on an index out of range, and a fake tensor does "
                 "not check it"
             )
-    if kind == "sequence-classification" and settings.is_encoder_decoder:
-        raise cli.UsageError(
-            f"--hf-config: {type(model).__name__} is not modelled: it pools each row at its "
-            "end-of-sequence tokens, found by their values (the same count in every row, "
-            "or it raises), which random tokens do not have and a trace cannot follow"
-        )
-    if kind == "sequence-classification" and config.batch > 1 and needs_padding(model):
-        raise cli.UsageError(
-            f"--batch {config.batch}: {type(model).__name__} finds each row's last token by "
-            "the config's pad_token_id, which it does not set (transformers refuses a batch "
-            "over 1 without it): set pad_token_id in a copy of the file"
-        )
+    if kind == "sequence-classification":  # a sweep's later points: their own batch
+        refuse_classifier(type(model), settings, config.batch)
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     make_inputs = inputs_for(
@@ -320,14 +336,6 @@ def initialised_as_on_a_gpu(transformers, device):
         yield
     finally:
         utils.get_torch_context_manager_or_global_device = original
-
-
-def needs_padding(model) -> bool:
-    """Whether the classifier's forward reads pad_token_id to find each row's last token
-    (a decoder's: Llama's, GPT-2's) while the config sets none."""
-    if model.config.pad_token_id is not None:
-        return False
-    return "pad_token_id" in inspect.getsource(type(model).forward)
 
 
 def inputs_for(torch, config, model, kind: str, task: str, size: int | None):
