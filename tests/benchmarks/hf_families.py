@@ -4,16 +4,20 @@ which ones the trace predicts, which it refuses in one line, which end in a trac
     python tests/benchmarks/hf_families.py                       # the types below
     python tests/benchmarks/hf_families.py qwen3 mixtral swin    # these
     python tests/benchmarks/hf_families.py --tasks inference
+    python tests/benchmarks/hf_families.py --classifiers distilbert gpt2     # their classifiers
 
-Each type's config is transformers' own default for it (`AutoConfig.for_model`), shrunk to two
-layers of width 64 and a vocabulary of 512 where it has those keys (a few types need more:
-SHAPES), with the head its `architectures` names; images as the config says (32 pixels a
-side; 224 where it names none). Each estimate runs in a fresh interpreter (`--gpu h200
---json`), as a user runs it. Printed per type and task: the prediction's status and its first
-unknown operators, or the exit code and the last line said, marked TRACEBACK where Python
-printed one. A traceback on a config transformers accepts is a defect of the lab unless the
-last line says the model itself raised ("the workload raised ..."): then the model refuses
-those shapes on a GPU too. Exit 1 if any estimate ends in a traceback of the lab's own.
+Each type's config is transformers' own default for it (`AutoConfig.for_model`), shrunk to
+two layers of width 64 and a vocabulary of 512 where it has those keys (a few types need
+more: SHAPES), with the head its `architectures` names; images as the config says (32 pixels
+a side; 224 where it names none). With --classifiers, each type's sequence and token
+classification heads instead (3 labels; pad_token_id 0 where the config sets none, as a
+decoder's classifier needs it for a batch of 2). Each estimate runs in a fresh interpreter
+(`--gpu h200 --json`), as a user runs it. Printed per type and task: the prediction's status
+and its first unknown operators, or the exit code and the last line said, marked TRACEBACK
+where Python printed one. A traceback on a config transformers accepts is a defect of the lab
+unless the last line says the model itself raised ("the workload raised ..."): then the model
+refuses those shapes on a GPU too. Exit 1 if any estimate ends in a traceback of the lab's
+own.
 Not a test: it takes about 10 s a type.
 """
 
@@ -91,6 +95,22 @@ def shrunk(model_type: str) -> tuple[dict, bool]:
     return config, False
 
 
+def classifiers(model_type: str, config: dict) -> list[tuple[str, dict]]:
+    """(head, config) for each classification head transformers has for the type."""
+    from transformers.models.auto import modeling_auto
+
+    found = []
+    for kind in ("SEQUENCE", "TOKEN"):
+        head = getattr(modeling_auto, f"MODEL_FOR_{kind}_CLASSIFICATION_MAPPING_NAMES").get(
+            model_type
+        )
+        if head:
+            head = head if isinstance(head, str) else head[0]
+            padded = {"pad_token_id": 0} if config.get("pad_token_id") is None else {}
+            found.append((head, {**config, "architectures": [head], "num_labels": 3, **padded}))
+    return found
+
+
 def estimate(path: Path, task: str, image: bool) -> tuple[str, bool]:
     """(what the estimate said in one line, whether it is a traceback of the lab's own)."""
     size = [] if image else ["--dim", "sequence=16"]  # images: the config's side, or 224
@@ -114,6 +134,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("types", nargs="*", default=list(TYPES), metavar="MODEL_TYPE")
     parser.add_argument("--tasks", default="inference,training", help="comma-separated")
+    parser.add_argument("--classifiers", action="store_true", help="their classifier heads")
     args = parser.parse_args()
     ours = 0
     with tempfile.TemporaryDirectory() as folder:
@@ -123,12 +144,17 @@ def main() -> int:
             except (ValueError, KeyError) as exc:
                 print(f"{model_type:14} no config: {str(exc).splitlines()[0][:120]}", flush=True)
                 continue
-            path = Path(folder) / f"{model_type}.json"
-            path.write_text(json.dumps(config, default=str), encoding="utf-8")
-            for task in args.tasks.split(","):
-                said, defect = estimate(path, task, image)
-                ours += defect
-                print(f"{model_type:14} {task:10} {said}", flush=True)
+            built = classifiers(model_type, config) if args.classifiers else [("", config)]
+            if not built:
+                print(f"{model_type:14} no classification head", flush=True)
+            for head, variant in built:
+                path = Path(folder) / f"{model_type}-{head}.json"
+                path.write_text(json.dumps(variant, default=str), encoding="utf-8")
+                for task in args.tasks.split(","):
+                    said, defect = estimate(path, task, image and not head)
+                    ours += defect
+                    print(f"{model_type:14} {head + ' ' if head else ''}{task:10} {said}",
+                          flush=True)  # fmt: skip
     print(f"{ours} traceback(s) of the lab's own")
     return 1 if ours else 0
 
