@@ -933,7 +933,7 @@ def make_recorder(torch):
                     with torch_private.unset_fake_temporarily():
                         return func(*args, **kwargs)
                 args, kwargs = self.host_tensors_faked(args, kwargs)
-            if not self.tracer.real and self.written_into_out(func, args, kwargs):
+            if func in POINTWISE_OUT and self.written_into_out(func, args, kwargs):
                 out = kwargs["out"]  # what the fake kernel returns, without its slow path
                 self.record(func, args, kwargs, out)
                 return out
@@ -960,7 +960,7 @@ def make_recorder(torch):
             returns `out`. FakeTensorMode caches no `out=` call and runs PyTorch's Python
             reference for it, five times the cost of the same product without `out` (the
             decoder's rotary embedding and norms make thousands)."""
-            if func not in POINTWISE_OUT:
+            if self.tracer.real:
                 return False
             out = kwargs.get("out")
             if not isinstance(out, FakeTensor) or len(args) != 2:

@@ -164,8 +164,11 @@ def refuse_classifier(model_class, settings, batch: int) -> None:
             "tokens, found by their values (the same count in every row, or it raises), "
             "which random tokens do not have and a trace cannot follow"
         )
-    reads_pad = "pad_token_id" in inspect.getsource(model_class.forward)
-    if batch > 1 and settings.pad_token_id is None and reads_pad:
+    if (
+        batch > 1
+        and settings.pad_token_id is None
+        and "pad_token_id" in inspect.getsource(model_class.forward)
+    ):
         raise cli.UsageError(
             f"--batch {batch}: {name} finds each row's last token by the config's "
             "pad_token_id, which it does not set (transformers refuses a batch over 1 "
