@@ -186,6 +186,19 @@ def test_convnext_whose_init_reads_a_cpu_schedule_back_is_predicted(capsys, tmp_
         assert document["prediction"]["trace"]["operator_calls"] > 20
 
 
+def test_a_buffer_the_model_makes_on_the_cpu_is_moved_to_the_device_as_a_user_moves_it(
+    capsys, tmp_path
+):
+    """LeViT makes its attention-bias indices with torch.LongTensor(...), on the CPU whatever
+    the device: the lab moves the model it built, as a user's script does (`.to(device)`),
+    where it used to refuse it (exit 2) and tell the user to move a model the lab builds."""
+    config = {**transformers.AutoConfig.for_model("levit").to_dict(),
+              "architectures": ["LevitForImageClassification"]}  # fmt: skip
+    for task in ("inference", "training"):
+        document = estimate(capsys, written(tmp_path, config), "--task", task, sequence=None)
+        assert document["prediction"]["status"] == PredictionStatus.APPROXIMATE
+
+
 def test_the_8b_config_is_taken_whole_by_its_published_values():
     config = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
     settings = transformers.AutoConfig.for_model(**config)

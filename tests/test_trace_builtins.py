@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.predicting import attention_choice as ac
 from pipeline.predicting import trace_prediction as tp
 from pipeline.predicting.trace_prediction import PredictionStatus
 
@@ -330,3 +331,143 @@ def test_an_out_the_result_cannot_be_cast_to_raises_in_the_trace_as_on_a_gpu():
 
     with pytest.raises(RuntimeError, match="can't be cast"):
         tp.run_trace(torch, "meta", drive)
+
+
+# ------------------------------------------------------------------ batch norm on a GPU
+
+
+def batch_norm_ops(dtype, mode, target=ac.H200, x_shape=(4, 8, 6, 6), channels_last=False):
+    """The trace of one BatchNorm2d call (and its backward in training) on the meta device:
+    the names of the operators it records, its notes, and its operator calls."""
+    format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def drive(phase):
+        def step():
+            bn = nn.BatchNorm2d(x_shape[1], device="meta", dtype=dtype)
+            x = torch.randn(x_shape, device="meta", dtype=dtype).to(memory_format=format)
+            if mode == "training":
+                bn(x.requires_grad_()).sum().backward()
+            elif mode == "no_grad":
+                with torch.no_grad():
+                    bn.eval()(x)
+            else:
+                with torch.inference_mode():
+                    bn.eval()(x)
+
+        phase("step", step)
+
+    trace = tp.run_trace(torch, "meta", drive, target=target)
+    assert trace.stopped is None
+    calls = [event[1] for event in trace.events if event[0] == "op"]
+    return [call.name for call in calls if "norm" in call.name], trace.notes, calls
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mode", "expected"),
+    [
+        (torch.float32, "training",
+         ["aten.cudnn_batch_norm.default", "aten.cudnn_batch_norm_backward.default"]),
+        (torch.float32, "no_grad", ["aten.cudnn_batch_norm.default"]),
+        (torch.float32, "inference", ["aten.batch_norm.default"]),
+        (torch.bfloat16, "training",
+         ["aten.native_batch_norm.default", "aten.native_batch_norm_backward.default"]),
+        (torch.bfloat16, "no_grad", ["aten.native_batch_norm.default"]),
+        (torch.float16, "training",
+         ["aten.native_batch_norm.default", "aten.native_batch_norm_backward.default"]),
+    ],
+    ids=lambda v: str(v).replace("torch.", "") if not isinstance(v, list) else "",
+)  # fmt: skip
+def test_batch_norm_takes_the_kernel_a_gpu_with_cudnn_takes(dtype, mode, expected):
+    """For a GPU target the trace runs batch norm as `_batch_norm_impl_index` does there:
+    cuDNN's forward and backward for float32, PyTorch's native kernels for bfloat16 and for
+    float16 with float16 weights (which cuDNN's path refuses); under inference mode the
+    composite recorded whole, as the GPU's trace records it. Nothing is noted: the kernel is
+    the GPU's."""
+    names, notes, _ = batch_norm_ops(dtype, mode)
+    assert names == expected
+    assert "batch_norm" not in notes
+
+
+def test_batch_norm_for_an_unknown_gpu_is_noted():
+    """Without a target (a GPU of unknown kind, an AMD one included), the meta device's
+    native kernel is all there is, and the prediction says so."""
+    names, notes, _ = batch_norm_ops(torch.float32, "training", target=None)
+    assert names == ["aten.native_batch_norm.default", "aten.native_batch_norm_backward.default"]
+    assert "batch_norm" in notes
+
+
+def test_cudnn_batch_norm_saves_float_statistics_and_copies_a_strided_input_first():
+    """cuDNN's forward in training allocates its output, the float32 mean and inverse
+    variance of each channel, and its reserve; an input that is not contiguous in its
+    suggested memory format is copied first (a channels-last input is not)."""
+    n, c, h, w = 4, 8, 6, 6
+    _, _, calls = batch_norm_ops(torch.float32, "training")
+    forward = next(call for call in calls if call.name == "aten.cudnn_batch_norm.default")
+    # the reserve: 0 bytes (cuDNN sizes it on the GPU; see CUDNN_BN_RESERVE)
+    assert [nbytes for *_, nbytes in forward.outputs] == [n * c * h * w * 4, c * 4, c * 4, 0]
+    _, _, calls = batch_norm_ops(torch.float32, "training", channels_last=True)
+    before = [call.name for call in calls[: calls.index(next(
+        call for call in calls if call.name == "aten.cudnn_batch_norm.default"))]]  # fmt: skip
+    assert "aten.clone.default" not in before
+
+    def drive(phase):
+        def step():
+            bn = nn.BatchNorm2d(c, device="meta")
+            x = torch.randn(n, h, w, c, device="meta").permute(0, 3, 1, 2)[:, :, :, :4]
+            bn(x.requires_grad_()).sum().backward()
+
+        phase("step", step)
+
+    trace = tp.run_trace(torch, "meta", drive, target=ac.H200)
+    names = [event[1].name for event in trace.events if event[0] == "op"]
+    at = names.index("aten.cudnn_batch_norm.default")
+    assert "aten.clone.default" in names[:at]
+
+
+def test_batch_norm_of_one_value_per_channel_in_training_raises_as_pytorch_does():
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        batch_norm_ops(torch.float32, "training", x_shape=(1, 8, 1, 1))
+
+
+BN_BASE = {"dtype": torch.float32, "weight": torch.float32, "affine": True, "stats": "both",
+           "dim": 4, "batch": 4, "training": True, "eps": 1e-5, "cudnn": True}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "takes"),
+    [
+        ({}, True),
+        ({"dtype": torch.bfloat16, "weight": torch.bfloat16}, False),
+        ({"weight": torch.bfloat16}, False),
+        ({"dtype": torch.float16, "weight": torch.float16}, False),
+        ({"dtype": torch.float16}, True),  # float16 input, float32 weights
+        ({"dtype": torch.float64, "weight": torch.float64}, True),
+        ({"affine": False}, False),
+        ({"stats": "mean"}, False),
+        ({"stats": "none"}, True),
+        ({"stats": "none", "training": False}, False),
+        ({"dim": 2}, False),
+        ({"dim": 3}, True),
+        ({"batch": 65536, "training": False, "dim": 3}, False),
+        ({"batch": 65535, "training": False, "dim": 3}, True),
+        ({"batch": 65536, "dim": 3}, True),
+        ({"batch": 880802, "dim": 3}, False),
+        ({"eps": -1e-9}, False),
+        ({"cudnn": False}, False),
+    ],
+    ids=lambda v: ",".join(f"{k}={v[k]}".replace("torch.", "") for k in v) or "base"
+    if isinstance(v, dict) else str(v),
+)  # fmt: skip
+def test_cudnn_takes_batch_norm_as_pytorchs_backend_choice_says(change, takes):
+    """Each condition of `_select_batch_norm_backend` turned against cuDNN on its own."""
+    case = {**BN_BASE, **change}
+    shape = (case["batch"], 3, 2, 2)[: case["dim"]]
+    x = torch.empty(shape, device="meta", dtype=case["dtype"])
+    weight = torch.empty(3, device="meta", dtype=case["weight"])
+    stats = {"both": (weight, weight), "mean": (weight, None), "none": (None, None)}
+    mean, var = stats[case["stats"]]
+    affine = (weight, weight) if case["affine"] else (None, None)
+    with torch.backends.cudnn.flags(enabled=case["cudnn"]):
+        assert tp.cudnn_takes_batch_norm(
+            torch, x, *affine, mean, var, case["training"], case["eps"]
+        ) is takes  # fmt: skip

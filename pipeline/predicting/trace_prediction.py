@@ -636,6 +636,10 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
         torch.nn.functional.dropout: DROPOUT_PARAMETERS,
         torch.dropout: ("input", "p", "train"),
     }
+    batch_norms = {
+        torch.nn.functional.batch_norm: F_BATCH_NORM_PARAMETERS,
+        torch.batch_norm: BATCH_NORM_PARAMETERS,
+    }
 
     class ChoiceNotes(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -648,6 +652,8 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
                 fused = dropout_as_on_gpu(torch, dropouts[func], args, kwargs)
                 if fused is not None:
                     return fused
+            if func in batch_norms and target is not None and target.cudnn() is not None:
+                return batch_norm_as_on_gpu(torch, batch_norms[func], func, args, kwargs)
             name = functions.get(func)
             if name is not None:
                 trace.notes.setdefault(name, META_CHOICES[name])
@@ -684,6 +690,73 @@ def dropout_as_on_gpu(torch, names, args, kwargs):
     if not (0 < p < 1) or x.numel() == 0 or x.is_nested:
         return None
     return torch.ops.aten.native_dropout(x, p, True)[0]
+
+
+F_BATCH_NORM_PARAMETERS = ("input", "running_mean", "running_var", "weight", "bias", "training",
+                           "momentum", "eps")  # fmt: skip
+BATCH_NORM_PARAMETERS = ("input", "weight", "bias", "running_mean", "running_var", "training",
+                         "momentum", "eps", "cudnn_enabled")  # fmt: skip
+BATCH_NORM_DEFAULTS = {"weight": None, "bias": None, "running_mean": None, "running_var": None,
+                       "training": False, "momentum": 0.1, "eps": 1e-5}  # fmt: skip
+# cuDNN's least batch-norm epsilon (CUDNN_BN_MIN_EPSILON, cuDNN 9), below which PyTorch
+# takes its native kernel.
+CUDNN_BN_MIN_EPSILON = 0.0
+# _select_batch_norm_backend's batch limits: spatial mode in training, in evaluation
+CUDNN_BN_MAX_BATCH = {True: 880801, False: 65535}
+
+
+def cudnn_takes_batch_norm(torch, x, weight, bias, mean, var, training, eps) -> bool:
+    """`_select_batch_norm_backend` (Normalization.cpp), for a CUDA input where PyTorch has
+    cuDNN: cuDNN's kernel unless the input or the weight is bfloat16, a float16 input has
+    float16 weights, an affine part or one running statistic is missing (both may be missing
+    in training), the input has fewer than 3 dimensions, the batch or the element count is
+    past cuDNN's limits, eps is below its least, or cuDNN is switched off."""
+    half, bf16 = torch.float16, torch.bfloat16
+    return (
+        weight is not None
+        and bias is not None
+        and bf16 not in (x.dtype, weight.dtype)
+        and (x.dtype != half or weight.dtype == torch.float32)
+        and ((mean is not None and var is not None) or (mean is None and var is None and training))
+        and x.dim() >= 3
+        and x.size(0) <= CUDNN_BN_MAX_BATCH[bool(training)]
+        and eps >= CUDNN_BN_MIN_EPSILON
+        and torch.backends.cudnn.enabled
+        and x.numel() < 2**31 - 1
+    )
+
+
+def batch_norm_as_on_gpu(torch, names, func, args, kwargs):
+    """Batch norm as a CUDA GPU with cuDNN runs it (`_batch_norm_impl_index`): where
+    `cudnn_takes_batch_norm`, cudnn_batch_norm on the input made contiguous in its suggested
+    memory format and the other tensors contiguous, so that the trace records that operator,
+    its saved statistics and reserve, and through autograd cudnn_batch_norm_backward; PyTorch's
+    native kernel otherwise, which the meta device runs too. Under inference mode the composite
+    operator is recorded whole, as on a GPU, and its GPU kernel's blocks are the probes'."""
+    from torch._prims_common import suggest_memory_format
+
+    call = dict(BATCH_NORM_DEFAULTS, **dict(zip(names, args, strict=False)), **kwargs)
+    x, weight, bias = call["input"], call["weight"], call["bias"]
+    mean, var, training, eps = (call[k] for k in ("running_mean", "running_var", "training", "eps"))
+    if (
+        torch.is_inference_mode_enabled()
+        or not isinstance(x, torch.Tensor)
+        or x.numel() == 0
+        or not cudnn_takes_batch_norm(torch, x, weight, bias, mean, var, training, eps)
+    ):
+        return func(*args, **kwargs)
+    if func is torch.nn.functional.batch_norm and training:
+        torch.nn.functional._verify_batch_size(x.size())
+    stats = [t.contiguous() if t is not None else None for t in (mean, var)]
+    return torch.ops.aten.cudnn_batch_norm(
+        x.contiguous(memory_format=suggest_memory_format(x)),
+        weight.contiguous(),
+        bias.contiguous(),
+        *stats,
+        training,
+        call["momentum"],
+        eps,
+    )[0]
 
 
 # The memory-efficient attention kernel, outside a CUDA graph capture, returns its random

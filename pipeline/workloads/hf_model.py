@@ -283,6 +283,10 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
     getattr(transformers, auto)._model_mapping[type(settings)]
     with torch.device(config.device), initialised_as_on_a_gpu(transformers, config.device):
         model = getattr(transformers, auto).from_config(settings, dtype=config.dtype)
+    # A tensor the model makes on the CPU whatever the device (LeViT's attention bias
+    # indices, `torch.LongTensor(...)`) is moved as a user's script moves the model: a copy
+    # to the GPU, in model_load. The rest is there already, and `.to` leaves it alone.
+    model = model.to(config.device)
     if "sequence" in dims:  # the generation's last token sits at sequence + new_tokens - 2
         needed = dims["sequence"] + (dims["new_tokens"] - 1 if task == "generate" else 0)
         limit = learned_positions(torch, model)
