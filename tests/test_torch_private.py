@@ -430,3 +430,17 @@ def test_the_pipeline_reaches_pytorchs_private_apis_through_torch_private_only()
         and (uses := private_uses(ast.parse(path.read_text(encoding="utf-8"))))
     }
     assert found == {}
+
+
+def test_suggest_memory_format_is_channels_last_for_a_channels_last_tensor_only():
+    x = torch.empty(2, 3, 4, 5, device="meta")
+    assert tpv.suggest_memory_format(x) == torch.contiguous_format
+    assert tpv.suggest_memory_format(x.to(memory_format=torch.channels_last)) == (
+        torch.channels_last
+    )
+
+
+def test_verify_batch_size_refuses_one_value_per_channel_only():
+    tpv.verify_batch_size(torch, torch.Size([2, 8, 1, 1]))
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        tpv.verify_batch_size(torch, torch.Size([1, 8, 1, 1]))

@@ -66,6 +66,11 @@ REEXPORTED = {
         "torch.utils._pytree",
         "named tuples are pytree nodes: the quick flatten leaves them to pytree",
     ),
+    "suggest_memory_format": (
+        "torch._prims_common",
+        "the memory format C++ `suggest_memory_format` gives a tensor: cuDNN's batch norm "
+        "makes its input contiguous in it",
+    ),
 }
 
 
@@ -165,6 +170,12 @@ def composite_function(torch, func, args, kwargs):
     input outside training, where the C++ function returns the input itself (one block more
     per dropout in an eval model, and another arrangement of the blocks after it)."""
     return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+
+
+def verify_batch_size(torch, size) -> None:
+    """F.batch_norm's own check in training (ValueError for one value per channel), made
+    where the trace calls cuDNN's batch norm in place of F.batch_norm."""
+    torch.nn.functional._verify_batch_size(size)
 
 
 def autograd_node_running(torch) -> bool:

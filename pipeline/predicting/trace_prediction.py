@@ -733,8 +733,6 @@ def batch_norm_as_on_gpu(torch, names, func, args, kwargs):
     its saved statistics and reserve, and through autograd cudnn_batch_norm_backward; PyTorch's
     native kernel otherwise, which the meta device runs too. Under inference mode the composite
     operator is recorded whole, as on a GPU, and its GPU kernel's blocks are the probes'."""
-    from torch._prims_common import suggest_memory_format
-
     call = dict(BATCH_NORM_DEFAULTS, **dict(zip(names, args, strict=False)), **kwargs)
     x, weight, bias = call["input"], call["weight"], call["bias"]
     mean, var, training, eps = (call[k] for k in ("running_mean", "running_var", "training", "eps"))
@@ -746,10 +744,10 @@ def batch_norm_as_on_gpu(torch, names, func, args, kwargs):
     ):
         return func(*args, **kwargs)
     if func is torch.nn.functional.batch_norm and training:
-        torch.nn.functional._verify_batch_size(x.size())
+        torch_private.verify_batch_size(torch, x.size())
     stats = [t.contiguous() if t is not None else None for t in (mean, var)]
     return torch.ops.aten.cudnn_batch_norm(
-        x.contiguous(memory_format=suggest_memory_format(x)),
+        x.contiguous(memory_format=torch_private.suggest_memory_format(x)),
         weight.contiguous(),
         bias.contiguous(),
         *stats,
