@@ -582,7 +582,7 @@ def test_measure_runs_the_same_workload_with_its_prediction_beside(tmp_path):
     ("head", "labels", "shape", "dtype"),
     [
         ("BertForSequenceClassification", {"num_labels": 3}, (2,), torch.int64),
-        ("BertForSequenceClassification", {"num_labels": 1}, (2,), torch.float32),  # regression
+        ("BertForSequenceClassification", {"num_labels": 1}, (2,), torch.bfloat16),  # regression
         ("BertForSequenceClassification",
          {"num_labels": 4, "problem_type": "multi_label_classification"}, (2, 4), torch.float32),
         ("BertForTokenClassification", {"num_labels": 5}, (2, 16), torch.int64),
@@ -590,8 +590,9 @@ def test_measure_runs_the_same_workload_with_its_prediction_beside(tmp_path):
     ],
 )  # fmt: skip
 def test_a_classifiers_labels_are_what_a_data_collator_gives_its_loss(head, labels, shape, dtype):
-    """Class indices as int64, a regression's values and multi-label targets as float32
-    (torch's default for Python floats), one a row or one a token."""
+    """Class indices as int64, multi-label targets as float32 (torch's default for Python
+    floats), one a row or one a token; a regression's values in the model's dtype (here
+    bfloat16), which the GPU's mse_loss backward needs."""
     config = reduced("bert-base-uncased", architectures=[head], **labels)
     meta = own_model.Configuration(torch.device("meta"), torch.bfloat16, 2, 0)
     workload = hf_model.build(meta, config, "training", False, sequence=16)

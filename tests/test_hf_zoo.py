@@ -302,6 +302,44 @@ def test_measure_without_a_gpu_stops_before_writing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_measure_logs_each_points_status_line_and_keeps_a_failed_points_stderr(
+    tmp_path, monkeypatch
+):
+    """A measured point's line is its status (stdout), not a warning's last line on stderr;
+    a failed point's whole traceback is kept beside the log: its last line ("recorded as
+    failed") does not say what the model raised."""
+    import subprocess
+
+    import gpu_guard
+
+    monkeypatch.setattr(gpu_guard, "require_gpu", lambda *args: None)
+    said = {
+        "ok": (0, "ok.json: completed, 6 phase rows\n", "  warnings.warn(\n  or (x)\n"),
+        "bad": (1, "", "Traceback ...\nRuntimeError: Found dtype Float but expected BFloat16\n"
+                "own_model.py: the workload raised RuntimeError in cold_step\n"),
+    }  # fmt: skip
+
+    def run(argv, **kwargs):
+        name = Path(argv[argv.index("--output") + 1]).stem
+        code, out, err = said[name]
+        if code == 0:
+            Path(argv[argv.index("--output") + 1]).write_text("{}")
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    monkeypatch.setattr(zoo.subprocess, "run", run)
+    points = tmp_path / "points.txt"
+    points.write_text("ok gpt2.json inference\nbad gpt2.json training\n")
+    out = tmp_path / "out"
+    assert zoo.main(["measure", "--points", str(points), "--out", str(out)]) == 1
+    log = (out / "h200" / "measure-all.txt").read_text().splitlines()
+    assert log[0].startswith("ok exit 0 ")
+    assert log[0].endswith(": ok.json: completed, 6 phase rows")
+    assert log[1].endswith("own_model.py: the workload raised RuntimeError in cold_step")
+    kept = (out / "h200" / "bad.stderr.txt").read_text()
+    assert "RuntimeError: Found dtype Float but expected BFloat16" in kept
+    assert not (out / "h200" / "ok.stderr.txt").exists()
+
+
 def zoo_gpu_visible() -> bool:
     import gpu_guard
 

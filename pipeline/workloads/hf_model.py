@@ -366,7 +366,7 @@ def inputs_for(torch, config, model, kind: str, task: str, size: int | None):
         if kind == "token-classification":
             inputs["labels"] = torch.randint(0, settings.num_labels, (batch, size), device=device)
         elif kind in ("image", "sequence-classification"):
-            inputs["labels"] = class_labels(torch, settings, batch, device)
+            inputs["labels"] = class_labels(torch, settings, batch, device, config.dtype)
         else:
             inputs["labels"] = inputs["input_ids"]
         return inputs
@@ -374,14 +374,17 @@ def inputs_for(torch, config, model, kind: str, task: str, size: int | None):
     return make_inputs
 
 
-def class_labels(torch, settings, batch: int, device):
+def class_labels(torch, settings, batch: int, device, dtype):
     """One label a row, of the kind the head's loss takes (transformers' rule, from
     problem_type, else num_labels): a value for a regression (one label), a 0/1 target
-    per class for multi-label classification, else a class index. Values in float32, as a
-    data collator makes them from Python numbers."""
+    per class for multi-label classification, else a class index. Multi-label targets in
+    float32, as a data collator makes them from Python numbers; a regression's values in the
+    model's dtype, as a user must cast them: up to PyTorch 2.11 at least, mse_loss's backward
+    on a GPU refuses a target of another dtype than its input (a bfloat16 reward model's
+    float32 labels raise RuntimeError in backward; pytorch/pytorch#36553)."""
     problem = settings.problem_type or ("regression" if settings.num_labels == 1 else None)
     if problem == "regression":
-        return torch.randn((batch,), device=device)
+        return torch.randn((batch,), device=device, dtype=dtype)
     if problem == "multi_label_classification":
         return torch.randint(0, 2, (batch, settings.num_labels), device=device).float()
     return torch.randint(0, settings.num_labels, (batch,), device=device)

@@ -21,7 +21,8 @@ beyond NAME, CONFIG and TASK.
 - measure (a GPU, after gpu_guard's check): for each point of the selection
   `own_model.py measure --device cuda:0 ... --output DIR/h200/NAME.json`, one fresh process
   each, a point already measured skipped; a failed point is recorded (exit, last stderr
-  line) in DIR/h200/measure-SELECTION.txt and the next one runs; no new point is started
+  line) in DIR/h200/measure-SELECTION.txt, its whole stderr in DIR/h200/NAME.stderr.txt,
+  and the next one runs; no new point is started
   past --deadline-s. Exit 1 if a point of the selection is not measured.
 - summarise: DIR/summary.json (schemas/hf-zoo-grid.schema.json; validate.py checks its
   totals) and DIR/comparison.md, from DIR/points.txt, cpu/ and h200/. A point predicted
@@ -237,7 +238,13 @@ def measure(args) -> int:
                 result = subprocess.run(
                     argv, capture_output=True, text=True, timeout=args.timeout_s, check=False
                 )
-                code, said = result.returncode, last_line(result.stderr) or last_line(result.stdout)
+                code = result.returncode
+                # its status line (stdout) when it ran; else its last words, the whole
+                # traceback kept beside: a warning's last line says nothing of the point
+                said = last_line(result.stdout) if code == 0 else last_line(result.stderr)
+                if code != 0 and result.stderr.strip():
+                    (h200 / f"{point.name}.stderr.txt").write_text(result.stderr)
+                said = said or last_line(result.stderr) or last_line(result.stdout)
             except subprocess.TimeoutExpired:
                 code, said = -9, f"killed after --timeout-s {args.timeout_s}"
             seconds = time.perf_counter() - started
