@@ -424,6 +424,24 @@ def test_gpu_tests_runs_the_shared_half_then_the_whole_gpu_half(repo, tmp_path):
     assert runs == [f"arg: {a}" for a in shared + whole]
 
 
+@pytest.mark.parametrize("own", [None, "/somewhere/else"])
+def test_gpu_tests_keep_their_bytecode_in_one_folder_made_once(repo, tmp_path, own):
+    """The GPU tests' interpreters read and write bytecode in one folder (the lab's, under
+    .nox/, unless you set your own), with PYTHONDONTWRITEBYTECODE off for them: where the
+    GPU Python's packages carry none, each fresh interpreter would compile torch again."""
+    folder = tmp_path / "bin"
+    executable(
+        folder / "python3",
+        '#!/bin/sh\necho "prefix: $PYTHONPYCACHEPREFIX"\necho "dont: [$PYTHONDONTWRITEBYTECODE]"\n',
+    )
+    env = {"PYTHONDONTWRITEBYTECODE": "1", **({"PYTHONPYCACHEPREFIX": own} if own else {})}
+    result = nox(repo, "-s", "gpu-tests", path=[folder], env=env)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stdout.splitlines() if line.startswith(("prefix", "dont"))]
+    expected = own or str(repo / ".nox" / "gpu-pycache")
+    assert said == [f"prefix: {expected}", "dont: []"] * 2  # both pytest runs
+
+
 def test_gpu_tests_without_pytest_xdist_is_one_line_naming_the_pins(repo, tmp_path):
     python = echo_python(tmp_path / "bin")
     result = nox(repo, "-s", "gpu-tests", path=[python.parent], env={"STAGE_EXIT": "1"})
