@@ -38,7 +38,8 @@ TYPES = (
     "qwen3", "qwen3_moe", "mixtral", "olmo2", "starcoder2", "gpt_bigcode", "bloom", "stablelm",
     "granite", "cohere", "gptj", "gpt_oss", "smollm3", "glm", "mamba", "deberta-v2",
     "distilbert", "electra", "albert", "xlm-roberta", "modernbert", "mt5", "pegasus",
-    "blenderbot", "deit", "mobilevit", "convnext", "resnet",
+    "blenderbot", "deit", "mobilevit", "convnext", "resnet", "mobilenet_v2", "efficientnet",
+    "regnet", "bit", "poolformer", "focalnet",
 )  # fmt: skip
 SMALL = {
     **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"), 2),
