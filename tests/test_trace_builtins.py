@@ -429,6 +429,22 @@ def test_batch_norm_of_one_value_per_channel_in_training_raises_as_pytorch_does(
         batch_norm_ops(torch.float32, "training", x_shape=(1, 8, 1, 1))
 
 
+def test_batch_norm_with_eps_zero_raises_as_it_does_on_the_gpu():
+    """F.batch_norm refuses eps <= 0 before any kernel (the H200's probe met it): taking
+    cuDNN's kernel for it must not skip that, or the estimate gives a figure for a model that
+    fails."""
+
+    def drive(phase):
+        def step():
+            bn = nn.BatchNorm2d(8, eps=0.0, device="meta")
+            bn(torch.randn(4, 8, 6, 6, device="meta", requires_grad=True)).sum().backward()
+
+        phase("step", step)
+
+    with pytest.raises(ValueError, match="eps must be positive"):
+        tp.run_trace(torch, "meta", drive, target=ac.H200)
+
+
 BN_BASE = {"dtype": torch.float32, "weight": torch.float32, "affine": True, "stats": "both",
            "dim": 4, "batch": 4, "training": True, "eps": 1e-5, "cudnn": True}  # fmt: skip
 

@@ -698,8 +698,8 @@ BATCH_NORM_PARAMETERS = ("input", "weight", "bias", "running_mean", "running_var
                          "momentum", "eps", "cudnn_enabled")  # fmt: skip
 BATCH_NORM_DEFAULTS = {"weight": None, "bias": None, "running_mean": None, "running_var": None,
                        "training": False, "momentum": 0.1, "eps": 1e-5}  # fmt: skip
-# cuDNN's least batch-norm epsilon (CUDNN_BN_MIN_EPSILON, cuDNN 9), below which PyTorch
-# takes its native kernel.
+# cuDNN's least batch-norm epsilon (CUDNN_BN_MIN_EPSILON: 0 in cuDNN 9; on the H200 an eps
+# of 1e-9 took cuDNN), below which PyTorch takes its native kernel.
 CUDNN_BN_MIN_EPSILON = 0.0
 # _select_batch_norm_backend's batch limits: spatial mode in training, in evaluation
 CUDNN_BN_MAX_BATCH = {True: 880801, False: 65535}
@@ -740,6 +740,7 @@ def batch_norm_as_on_gpu(torch, names, func, args, kwargs):
         torch.is_inference_mode_enabled()
         or not isinstance(x, torch.Tensor)
         or x.numel() == 0
+        or (func is torch.nn.functional.batch_norm and eps <= 0)  # F.batch_norm refuses it
         or not cudnn_takes_batch_norm(torch, x, weight, bias, mean, var, training, eps)
     ):
         return func(*args, **kwargs)
