@@ -37,13 +37,18 @@ from pipeline.core.workload_contract import Workload, WorkloadFile
 
 TASKS = ("inference", "generate", "training", "lora")
 SEQUENCE, NEW_TOKENS, LORA_RANK, IMAGE_SIDE = 128, 16, 8, 224
-# The model classes a task builds, by the mapping that names the config's architecture.
-HEADS = (
+# The model classes a task builds, by the mapping that names the config's architecture;
+# a base model (or a class transformers does not know) is built as the first of these that
+# has its model_type.
+BY_MODEL_TYPE = (
     ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", "causal"),
     ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM", "seq2seq"),
     ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM", "masked"),
     ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification", "image"),
-    # named by the config's architectures only: a base class is built as one of the above
+)
+HEADS = (
+    *BY_MODEL_TYPE,
+    # named by the config's architectures only
     ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification",
      "sequence-classification"),
     ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification",
@@ -143,7 +148,7 @@ def head_of(transformers, config) -> tuple[str, str]:
             f"--hf-config: architectures names {refused[0]}, which the lab does not build for "
             f"model_type {config.model_type!r}: it builds a {BUILT} head"
         )
-    for mapping, auto, kind in HEADS[:4]:
+    for mapping, auto, kind in BY_MODEL_TYPE:
         if config.model_type in getattr(modeling_auto, mapping):
             return auto, kind
     raise cli.UsageError(
