@@ -444,3 +444,45 @@ def test_verify_batch_size_refuses_one_value_per_channel_only():
     tpv.verify_batch_size(torch, torch.Size([2, 8, 1, 1]))
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         tpv.verify_batch_size(torch, torch.Size([1, 8, 1, 1]))
+
+
+def test_cudnn_rnn_operators_have_a_meta_kernel_that_gives_no_reserve_and_a_backward_without():
+    """Why the trace brings its own fake kernels (cudnn_rnn.py): the meta kernel of
+    _cudnn_rnn makes a 0-byte reserve in training, and its backward has none at all."""
+    forward, backward = tpv.cudnn_rnn_operators(torch)
+    assert (forward.name(), backward.name()) == ("aten::_cudnn_rnn", "aten::_cudnn_rnn_backward")
+    x = torch.empty(5, 3, 8, device="meta")
+    weights = [torch.empty(n, device="meta") for n in ((64, 8), (64, 16), (64,), (64,))]
+    hx, cx = torch.empty(1, 3, 16, device="meta"), torch.empty(1, 3, 16, device="meta")
+    flat = torch.empty(64 * 26, device="meta")
+    out = forward(x, weights, 4, flat, hx, cx, 2, 16, 0, 1, False, 0.0, True, False, [], None)
+    assert [tuple(t.shape) for t in out[:4]] == [(5, 3, 16), (1, 3, 16), (1, 3, 16), (0,)]
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(backward.name(), "Meta")
+
+
+def test_a_fake_kernel_added_is_taken_ahead_of_the_meta_kernel_and_removed_by_its_undo():
+    forward, _ = tpv.cudnn_rnn_operators(torch)
+    seen = []
+
+    def kernel(fake_mode, func, *args, **kwargs):
+        seen.append(func)
+        with fake_mode:
+            return tuple(torch.empty(n, device="meta") for n in (1, 2, 3, 4, 5))
+
+    args = (torch.empty(5, 3, 8), [torch.empty(64, 8)], 2, None, torch.empty(1, 3, 16), None,
+            1, 16, 0, 1, False, 0.0, True, False, [], None)  # fmt: skip
+
+    def run():
+        with tpv.FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+            fake[1] = [mode.from_tensor(w) for w in args[1]]
+            return [None if t is None else t.numel() for t in forward(*fake)]
+
+    undo = tpv.add_fake_kernel(forward, kernel)
+    try:
+        assert run() == [1, 2, 3, 4, 5]
+        assert seen == [forward]
+    finally:
+        undo()
+    assert run()[3] == 0
+    assert seen == [forward]

@@ -131,6 +131,40 @@ def add_foreach_device(device: str):
     return lambda: setattr(optimizer, "_get_foreach_kernels_supported_devices", original)
 
 
+def cudnn_rnn_operators(torch) -> tuple:
+    """(_cudnn_rnn, _cudnn_rnn_backward): the operators a GPU's torch.lstm, gru and rnn_*
+    call and autograd records, which the trace calls as the GPU does (cudnn_rnn.py)."""
+    return torch.ops.aten._cudnn_rnn.default, torch.ops.aten._cudnn_rnn_backward.default
+
+
+def add_fake_kernel(op, kernel):
+    """Fake tensors take `kernel(fake_mode, op, *args, **kwargs)` for `op`, ahead of its meta
+    kernel (cuDNN's recurrent layers: a reserve sized as on the GPU, and a backward that has
+    no meta kernel); returns the undo."""
+    from torch._subclasses import fake_impls
+
+    entry = (lambda func: func is op, kernel)
+    forget_cached_calls(op)
+    fake_impls.op_implementations_checks.insert(0, entry)
+
+    def undo():
+        fake_impls.op_implementations_checks.remove(entry)
+        forget_cached_calls(op)
+
+    return undo
+
+
+def forget_cached_calls(op) -> None:
+    """Drops the fake mode's cached outputs of `op`: the dispatch cache is shared by every
+    FakeTensorMode of the process and keyed by the call alone, so outputs made by one kernel
+    would otherwise come back under another."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cache = FakeTensorMode.cache
+    for key in [key for key in cache if getattr(key, "key", (None,))[0] is op]:
+        del cache[key]
+
+
 # ---------------------------------------------------------------- storages
 
 

@@ -44,7 +44,7 @@ import re
 import weakref
 
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
-from pipeline.predicting import kernel_formulas, reduce_scratch, segment_order
+from pipeline.predicting import cudnn_rnn, kernel_formulas, reduce_scratch, segment_order
 
 
 class PredictionStatus(str, enum.Enum):
@@ -82,6 +82,7 @@ _ATEN_OUTPUT_ONLY = (
     "_log_softmax_backward_data", "native_layer_norm",
     "constant_pad_nd",  # empty, fill_, copy_ into a narrowed view (or a clone): 189 H200 probes
     "rsqrt_", "pow_", "square", "square_",  # in place, or pow(x, 2): element-wise, as pow is
+    "set_",  # a tensor made a view of another's storage (flatten_parameters): nothing made
 )
 _FOREACH_OUTPUT_ONLY = (
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "lerp_", "addcmul_", "addcdiv_",
@@ -513,6 +514,9 @@ class Tracer:
                 self._patch_swap()
                 self._patch_deepcopy()
                 self._patch_fast_paths()
+                if self.target is not None and self.target.cudnn() is not None:
+                    self._undo.append(cudnn_rnn.add_fake_kernels(self.torch))
+                    self._patch_rnn_flatten()
             for mode in modes:
                 mode.__enter__()
                 self._undo.append(lambda mode=mode: mode.__exit__(None, None, None))
@@ -577,6 +581,49 @@ class Tracer:
 
         self._undo.append(undo)
 
+    def _patch_rnn_flatten(self) -> None:
+        """nn.RNNBase.flatten_parameters, when a module's float16 or float32 parameters reach
+        a GPU, copies them into one zeroed buffer of cuDNN's layout and makes them views of
+        it (`_cudnn_rnn_flatten_weight`): one block made, theirs freed. On fake tensors it
+        stops at `is_cuda` (the meta device) or at `data_ptr`: the same, on fake tensors."""
+        torch = self.torch
+        rnn_base = torch.nn.RNNBase
+        original = rnn_base.flatten_parameters
+        fake = torch_private.FakeTensor
+        modes = {"RNN_RELU": cudnn_rnn.RNN_RELU, "RNN_TANH": cudnn_rnn.RNN_TANH,
+                 "LSTM": cudnn_rnn.LSTM, "GRU": cudnn_rnn.GRU}  # fmt: skip
+
+        def flatten_parameters(module):
+            weights = module._flat_weights
+            if not weights or not all(isinstance(w, fake) for w in weights):
+                return original(module)
+            if len(weights) != len(module._flat_weights_names) or not torch.backends.cudnn.enabled:
+                return None
+            dtype = weights[0].dtype
+            if str(dtype).removeprefix("torch.") not in cudnn_rnn.FLATTENED or any(
+                w.dtype != dtype for w in weights
+            ):
+                return None
+            storages = {torch_private.StorageWeakRef(w.untyped_storage()).cdata for w in weights}
+            if len(storages) != len(weights):  # parameters that alias: the copying path
+                return None
+            elements = cudnn_rnn.weight_elements(
+                modes[module.mode], module.input_size, module.hidden_size, module.proj_size,
+                module.num_layers, 2 if module.bidirectional else 1,
+            )  # fmt: skip
+            with torch.no_grad():
+                flat = weights[0].new_zeros(elements)
+                offset = 0
+                for w in weights:
+                    view = flat[offset : offset + w.numel()].view_as(w)
+                    view.copy_(w)
+                    w.set_(view)
+                    offset += w.numel()
+            return None
+
+        rnn_base.flatten_parameters = flatten_parameters
+        self._undo.append(lambda: setattr(rnn_base, "flatten_parameters", original))
+
     def _patch_fast_paths(self) -> None:
         """nn.MultiheadAttention, TransformerEncoderLayer and TransformerEncoder take
         PyTorch's fused kernels (the "fast path": inference, batch first, ...) only when no
@@ -630,6 +677,7 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
         ),
     }
     from_data = {torch.tensor, torch.as_tensor, torch.asarray}
+    recurrent = {torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu}
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     dropouts = {
@@ -646,6 +694,10 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
             kwargs = kwargs or {}
             if func is sdpa and target is not None:
                 return sdpa_as_on_gpu(torch, trace, target, func, args, kwargs)
+            if func in recurrent and target is not None and target.cudnn() is not None:
+                routed = cudnn_rnn.rnn_as_on_gpu(torch, func, args, kwargs)
+                if routed is not None:
+                    return routed
             if not meta:
                 return func(*args, **kwargs)
             if func in dropouts:
@@ -939,6 +991,7 @@ def make_recorder(torch):
     FakeTensor = torch_private.FakeTensor
     aten = torch.ops.aten
     POINTWISE_OUT = {aten.mul.out, aten.add.out, aten.sub.out}
+    RNN = torch_private.cudnn_rnn_operators(torch)[0]  # seeded (dropout); cudnn_rnn's fake kernel
 
     class Recorder(TorchDispatchMode):
         def __init__(self, tracer: Tracer) -> None:
@@ -1012,7 +1065,7 @@ def make_recorder(torch):
             if decomposed(torch, func, args, kwargs):
                 with self:
                     return torch_private.composite_function(torch, func, args, kwargs)
-            if seeded in func.tags and not self.tracer.real:
+            if seeded in func.tags and not self.tracer.real and func is not RNN:
                 out = self.seeded(func, args, kwargs)
             else:
                 try:
@@ -2174,7 +2227,12 @@ def attention_scores(signature: Signature) -> tuple[int, int, int] | None:
 def scratch_bound(signature: Signature, outputs: int) -> int:
     """The most scratch an operator call nobody measured may take (SCRATCH_FACTOR, and for
     an attention left whole MATH_SCORES score matrices)."""
-    bound = max(SCRATCH_FACTOR * (device_bytes(signature) + outputs), SCRATCH_FLOOR)
+    if signature.name in (cudnn_rnn.FORWARD, cudnn_rnn.BACKWARD) and signature.spec is not None:
+        arguments = call_arguments(signature)
+        inputs = cudnn_rnn.device_bytes(arguments, call_keys.is_tensor_leaf)
+        bound = SCRATCH_FACTOR * (inputs + outputs) + cudnn_rnn.workspace_bound(arguments)
+    else:
+        bound = max(SCRATCH_FACTOR * (device_bytes(signature) + outputs), SCRATCH_FLOOR)
     scores = attention_scores(signature)
     if scores is not None:
         bound += MATH_SCORES * 4 * math.prod(scores)

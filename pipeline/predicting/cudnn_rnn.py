@@ -1,0 +1,202 @@
+"""Recurrent layers as a GPU with cuDNN runs them, for a trace made for that GPU.
+
+On a GPU, torch.lstm, gru, rnn_tanh and rnn_relu call one operator, `_cudnn_rnn`, and
+autograd records `_cudnn_rnn_backward`; the meta device runs the layers step by step
+instead: other operators, other blocks. With a target GPU, the trace calls `_cudnn_rnn` as
+PyTorch's `_cudnn_impl` does (aten/src/ATen/native/cudnn/RNN.cpp), and both operators get
+fake kernels that make the blocks the GPU's make, read from that file and from 1,200 calls
+probed on an H200 (runs/20261205T163041Z-h200-rnn-probe):
+
+- forward: the output (allocated [seq, batch, directions x out] and transposed back for
+  batch_first), h_n, c_n; a weight buffer in cuDNN's layout at each call, unless the
+  parameters are views of one (`flatten_parameters` makes them so when the module is moved
+  to the GPU, in float16 and float32, never in bfloat16, which torch.backends.cudnn does not
+  accept); in training mode (the module's, not autograd's), the reserve backward reads;
+- backward: the gradients of the input, h_0 and c_0, and one buffer for the weights'
+  gradients, whose views the parameters' `.grad` become.
+
+Not covered: cuDNN's workspace, a block made and freed inside each call (the same size in
+the forward and in both halves of the backward), and the zeros and contiguous copies a call
+makes for itself. The probes put the workspace at 8 MiB per layer and direction plus at
+most 6.4 times the call's own bytes: the prediction is approximate, and its most replay
+gives these calls RNN_WORKSPACE_PER_LAYER per layer and direction beyond the scratch bound
+every uncovered call gets.
+
+Projections (LSTM proj_size), packed sequences, dropout between layers in training and
+float64 are not followed: the call runs as it comes, with the trace's note.
+"""
+
+from __future__ import annotations
+
+from pipeline.core import torch_private
+
+# cudnnRNNMode_t, as PyTorch passes it to _cudnn_rnn
+RNN_RELU, RNN_TANH, LSTM, GRU = 0, 1, 2, 3
+GATES = {RNN_RELU: 1, RNN_TANH: 1, LSTM: 4, GRU: 3}
+# The reserve: (RESERVE_PER_LAYER x layers - 1) x tokens x hidden x directions elements,
+# and RESERVE_EXTRA bytes; held by every probe without projections (1,026 of them).
+RESERVE_PER_LAYER = {RNN_RELU: 2, RNN_TANH: 2, LSTM: 6, GRU: 7}
+RESERVE_EXTRA = 256
+# The workspace's part that does not grow with the shapes, per layer and direction: 8 MiB
+# in every probe (the rest was at most 6.4 times the call's bytes).
+RNN_WORKSPACE_PER_LAYER = 8 * 2**20
+FORWARD = "aten._cudnn_rnn.default"
+BACKWARD = "aten._cudnn_rnn_backward.default"
+DTYPES = ("float32", "float16", "bfloat16")  # probed; cuDNN runs float64 too
+FLATTENED = ("float32", "float16")  # torch.backends.cudnn.is_acceptable: float64 too
+
+
+def mode_of(torch, func) -> int | None:
+    modes = {torch.lstm: LSTM, torch.gru: GRU, torch.rnn_tanh: RNN_TANH, torch.rnn_relu: RNN_RELU}
+    return modes.get(func)
+
+
+def weight_elements(mode, input_size, hidden, proj, layers, directions) -> int:
+    """cuDNN's weight buffer, in elements: each layer and direction's input-hidden and
+    hidden-hidden matrices, its projection, and two bias vectors, which cuDNN keeps whether
+    the module has biases or not (the probes' buffers of modules without them)."""
+    gates, out = GATES[mode], proj or hidden
+    total = 0
+    for layer in range(layers):
+        inputs = input_size if layer == 0 else out * directions
+        per_direction = gates * hidden * (inputs + out) + 2 * gates * hidden
+        total += directions * (per_direction + (proj * hidden if proj else 0))
+    return total
+
+
+def reserve_bytes(mode, layers, directions, tokens, hidden, element_bytes) -> int:
+    return (RESERVE_PER_LAYER[mode] * layers - 1) * tokens * hidden * directions * element_bytes + (
+        RESERVE_EXTRA
+    )
+
+
+def rnn_as_on_gpu(torch, func, args, kwargs):
+    """torch.lstm/gru/rnn_* as `_cudnn_impl` calls cuDNN, or None where the GPU's call is
+    not followed (see the module's docstring) or cuDNN would not take it."""
+    mode = mode_of(torch, func)
+    if mode is None or kwargs or len(args) != 9 or not isinstance(args[3], bool):
+        return None  # a packed sequence: (data, batch_sizes, hx, params, ...)
+    x, hidden, params, has_biases, layers, dropout, train, bidirectional, batch_first = args
+    hx, cx = (hidden[0], hidden[1]) if mode == LSTM else (hidden, None)
+    if not torch.backends.cudnn.enabled or str(x.dtype).removeprefix("torch.") not in DTYPES:
+        return None
+    if (cx is not None and cx.size(2) != hx.size(2)) or (dropout > 0 and train):
+        return None  # a projection; dropout's state
+    if x.dim() != 3 or any(p.dtype != x.dtype for p in params):
+        return None
+    forward = torch_private.cudnn_rnn_operators(torch)[0]
+    output, hy, cy, _, _ = forward(
+        x,
+        list(params),
+        4 if has_biases else 2,
+        weight_buffer(torch, params, mode, x.size(-1), hx.size(2), layers, bidirectional),
+        hx,
+        cx,
+        mode,
+        hx.size(2),
+        0,
+        layers,
+        batch_first,
+        dropout,
+        train,
+        bidirectional,
+        [],
+        None,
+    )
+    return (output, hy, cy) if mode == LSTM else (output, hy)
+
+
+def weight_buffer(torch, params, mode, input_size, hidden, layers, bidirectional):
+    """`try_get_weight_buf`: the parameters' one storage as a flat tensor when all of them
+    are views of it (a module flattened on the GPU), else None: _cudnn_rnn makes a buffer."""
+    storages = {torch_private.StorageWeakRef(p.untyped_storage()).cdata for p in params}
+    if len(storages) != 1 or not params[-1].is_contiguous():
+        return None
+    elements = weight_elements(mode, input_size, hidden, 0, layers, 2 if bidirectional else 1)
+    first = params[0]
+    if first.untyped_storage().nbytes() < elements * first.element_size():
+        return None
+    return first.new_empty(0).set_(first.untyped_storage(), 0, (elements,), (1,))
+
+
+def _forward(fake_mode, func, *args, **kwargs):
+    """_cudnn_rnn's blocks (the module's docstring), on fake tensors."""
+    import torch
+
+    (x, _weight, _stride0, weight_buf, hx, cx, mode, hidden, proj, layers, batch_first, _dropout,
+     train, bidirectional, batch_sizes, _state) = args  # fmt: skip
+    directions = 2 if bidirectional else 1
+    out = proj or hidden
+    with fake_mode:
+        if batch_sizes:
+            tokens, batch = x.size(0), batch_sizes[0]
+            output = x.new_empty((tokens, out * directions))
+        else:
+            seq, batch = (x.size(1), x.size(0)) if batch_first else (x.size(0), x.size(1))
+            tokens = seq * batch
+            output = x.new_empty((seq, batch, out * directions))
+            if batch_first:
+                output = output.transpose(0, 1)
+        hy = hx.new_empty((layers * directions, batch, out))
+        cy = hx.new_empty(0) if cx is None else cx.new_empty((layers * directions, batch, hidden))
+        if weight_buf is None:
+            weight_buf = x.new_empty(
+                weight_elements(mode, x.size(-1), hidden, proj, layers, directions)
+            )
+        size = reserve_bytes(mode, layers, directions, tokens, hidden, x.element_size())
+        reserve = x.new_empty(size if train else 0, dtype=torch.uint8)
+    return output, hy, cy, reserve, weight_buf
+
+
+def _backward(fake_mode, func, *args, **kwargs):
+    """_cudnn_rnn_backward's outputs; the weights' gradients are views of one buffer, in the
+    order of the weights (their offsets in cuDNN's layout do not change any block)."""
+    (x, weight, _stride0, weight_buf, hx, cx, _output, _go, _ghy, _gcy, _mode, _hidden, _proj,
+     _layers, batch_first, _dropout, _train, _bidirectional, batch_sizes, _state, _reserve,
+     mask) = args  # fmt: skip
+    with fake_mode:
+        if batch_first and not batch_sizes:
+            dx = x.transpose(0, 1).new_empty(x.transpose(0, 1).shape).transpose(0, 1)
+        else:
+            dx = x.new_empty(x.shape)
+        dhx = hx.new_empty(hx.shape)
+        dcx = cx.new_empty(cx.shape) if cx is not None else None
+        dw = []
+        if mask[3]:
+            flat = weight_buf.new_empty(weight_buf.shape)  # zeros, then filled by cuDNN
+            offset = 0
+            for w in weight:
+                dw.append(flat[offset : offset + w.numel()].view(w.shape))
+                offset += w.numel()
+    return dx, dhx, dcx, dw
+
+
+def add_fake_kernels(torch):
+    """Both operators' fake kernels, for the trace's time; returns the undo."""
+    forward, backward = torch_private.cudnn_rnn_operators(torch)
+    undo = [
+        torch_private.add_fake_kernel(forward, _forward),
+        torch_private.add_fake_kernel(backward, _backward),
+    ]
+    return lambda: [step() for step in reversed(undo)]
+
+
+def workspace_bound(arguments: dict) -> int:
+    """The workspace's part that does not grow with the call's bytes, at most (the module's
+    docstring): RNN_WORKSPACE_PER_LAYER per layer and direction."""
+    directions = 2 if arguments["bidirectional"] else 1
+    return RNN_WORKSPACE_PER_LAYER * arguments["num_layers"] * directions
+
+
+def device_bytes(arguments: dict, is_tensor) -> int:
+    """The bytes of a recorded call's device tensors, each storage once: the weights are
+    views of the weight buffer where one is given (each of them describes the buffer's whole
+    storage), their own storages where none is."""
+    total = 0
+    for name, value in arguments.items():
+        if name == "weight" and arguments.get("weight_buf") is not None:
+            continue
+        for leaf in value if isinstance(value, list) else [value]:
+            if is_tensor(leaf) and leaf[6] == "device":
+                total += leaf[5]
+    return total
