@@ -2230,7 +2230,7 @@ def scratch_bound(signature: Signature, outputs: int) -> int:
     if signature.name in (cudnn_rnn.FORWARD, cudnn_rnn.BACKWARD) and signature.spec is not None:
         arguments = call_arguments(signature)
         inputs = cudnn_rnn.device_bytes(arguments, call_keys.is_tensor_leaf)
-        bound = SCRATCH_FACTOR * (inputs + outputs) + cudnn_rnn.workspace_bound(arguments)
+        bound = cudnn_rnn.SCRATCH_FACTOR * (inputs + outputs) + cudnn_rnn.workspace_bound(arguments)
     else:
         bound = max(SCRATCH_FACTOR * (device_bytes(signature) + outputs), SCRATCH_FLOOR)
     scores = attention_scores(signature)

@@ -1,0 +1,169 @@
+"""Recurrent layers traced for a GPU as cuDNN runs them (cudnn_rnn.py), held to the GPUs'
+own probes (runs/*-rnn-probe*/, allocator histories that share no code with the trace) and
+to the LSTM points measured after their GPU-free predictions were committed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from conftest import RUNS
+
+from pipeline.predicting import attention_choice, cudnn_rnn
+from pipeline.predicting import trace_prediction as tp
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+MODULES = {"LSTM": nn.LSTM, "GRU": nn.GRU, "RNN_TANH": nn.RNN, "RNN_RELU": nn.RNN}
+MODES = {"LSTM": cudnn_rnn.LSTM, "GRU": cudnn_rnn.GRU, "RNN_TANH": cudnn_rnn.RNN_TANH,
+         "RNN_RELU": cudnn_rnn.RNN_RELU}  # fmt: skip
+ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2}
+H200_PROBE = RUNS / "20261205T163041Z-h200-rnn-probe" / "rnnprobe.json.gz"
+H100_PROBE = RUNS / "20261205T184600Z-h100-rnn-probe-2" / "rnnprobe2.json.gz"
+BLIND = RUNS / "20261205T175000Z-lstm-blind"
+
+
+def probe_rows(path):
+    return [
+        row for row in json.loads(gzip.decompress(path.read_bytes()))["rows"] if "error" not in row
+    ]
+
+
+def traced(row, target=attention_choice.H200, training=True):
+    """One forward (and backward) of the probe's module, traced on the meta device."""
+    dtype = getattr(torch, row["dtype"])
+
+    def drive(phase):
+        def build():
+            options = {} if row["mode"] != "RNN_RELU" else {"nonlinearity": "relu"}
+            if row.get("proj"):
+                options["proj_size"] = row["proj"]
+            module = MODULES[row["mode"]](
+                row["input"], row["hidden"], row["layers"], bias=row.get("bias", True),
+                batch_first=row["batch_first"], bidirectional=row["bidir"], **options,
+            )  # fmt: skip
+            return module.to(device="meta", dtype=dtype)
+
+        _, module = phase("model_load", build)
+        sizes = (row["seq"], row["batch"], row["input"])
+        shape = (sizes[1], sizes[0], sizes[2]) if row["batch_first"] else sizes
+
+        def step():
+            x = torch.randn(shape, device="meta", dtype=dtype, requires_grad=training)
+            y = module.train(training)(x)[0]
+            if training:
+                y.backward(torch.ones_like(y))
+
+        phase("step", step)
+
+    return tp.run_trace(torch, "meta", drive, target=target)
+
+
+def ops(trace, name):
+    return [event[1] for event in trace.events if event[0] == "op" and event[1].name == name]
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN_TANH", "RNN_RELU"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_for_a_gpu_the_trace_calls_cudnn_and_its_backward_with_cudnns_blocks(mode, dtype):
+    row = dict(mode=mode, dtype=dtype, input=24, hidden=40, layers=3, bidir=True, seq=7,
+               batch=5, batch_first=True)  # fmt: skip
+    trace = traced(row)
+    assert "recurrent layers" not in trace.notes
+    [forward], [backward] = ops(trace, cudnn_rnn.FORWARD), ops(trace, cudnn_rnn.BACKWARD)
+    element, directions = ELEMENT[dtype], 2
+    a = cudnn_rnn.RESERVE_PER_LAYER[MODES[mode]]
+    reserve = (a * 3 - 1) * 7 * 5 * 40 * directions * element + 256
+    sizes = [nbytes for _, _, nbytes in forward.outputs]
+    assert sizes[:4] == [7 * 5 * 80 * element, 6 * 5 * 40 * element,
+                         6 * 5 * 40 * element if mode == "LSTM" else 0, reserve]  # fmt: skip
+    weights = cudnn_rnn.weight_elements(MODES[mode], 24, 40, 0, 3, 2) * element
+    # float32 parameters are one flat buffer since model_load; bfloat16 ones are copied into
+    # a new buffer at each call (torch.backends.cudnn does not accept bfloat16)
+    assert sizes[4:] == ([weights] if dtype == "bfloat16" else [])
+    assert [nbytes for _, _, nbytes in backward.outputs][-1] == weights
+
+
+def test_flattening_on_the_gpu_makes_one_zeroed_buffer_and_frees_the_parameters_blocks():
+    row = dict(mode="LSTM", dtype="float32", input=16, hidden=32, layers=2, bidir=False,
+               seq=3, batch=2, batch_first=False)  # fmt: skip
+    trace = traced(row)
+    load = trace.events[: next(i for i, e in enumerate(trace.events) if e[0] == "end")]
+    [flat] = [e[1] for e in load if e[0] == "op" and e[1].name == "aten.new_zeros.default"]
+    assert flat.outputs[0][2] == cudnn_rnn.weight_elements(cudnn_rnn.LSTM, 16, 32, 0, 2, 1) * 4
+    without = traced(row, target=None)
+    assert not [e for e in without.events if e[0] == "op" and e[1].name == "aten.new_zeros.default"]
+    assert "recurrent layers" in without.notes  # no GPU named: the meta device's own path
+
+
+def test_evaluation_mode_makes_no_reserve():
+    row = dict(mode="GRU", dtype="float16", input=8, hidden=16, layers=2, bidir=False, seq=4,
+               batch=3, batch_first=False)  # fmt: skip
+    [forward] = ops(traced(row, training=False), cudnn_rnn.FORWARD)
+    assert forward.outputs[3][2] == 0
+
+
+def test_the_h200s_probes_reserve_output_and_gradient_buffer_are_the_traces():
+    """Oracle: 40 probed calls without projections, every mode and dtype; the trace's
+    reserve equals the probe's (its one call 16 B larger is not among them: checked), its
+    output and weights' gradient buffer are blocks of the probe's history."""
+    rows = [r for r in probe_rows(H200_PROBE) if not r["proj"]][::25]
+    assert len(rows) >= 40
+    for row in rows:
+        trace = traced(row)
+        [forward], [backward] = ops(trace, cudnn_rnn.FORWARD), ops(trace, cudnn_rnn.BACKWARD)
+        assert forward.outputs[3][2] == row["reserve"], row
+        train = [size for action, size in row["train"] if action == "a"]
+        assert forward.outputs[0][2] in train
+        assert backward.outputs[-1][2] in [
+            size for action, size in row["backward"] if action == "a"
+        ]
+
+
+def io_bytes(row):
+    """The call's own bytes as the bound counts them: input, output, h and c in and out,
+    the weights once, the reserve."""
+    e, directions = ELEMENT[row["dtype"]], 2 if row["bidir"] else 1
+    out = row.get("proj") or row["hidden"]
+    tokens = row["seq"] * row["batch"]
+    states = row["layers"] * directions * row["batch"]
+    cells = states * row["hidden"] * e if row["mode"] == "LSTM" else 0
+    return (tokens * row["input"] * e + tokens * out * directions * e + 2 * states * out * e
+            + 2 * cells + row["weight_bytes"] + row.get("reserve", 0))  # fmt: skip
+
+
+@pytest.mark.parametrize("path", [H200_PROBE, H100_PROBE], ids=["h200", "h100"])
+def test_every_probed_workspace_lies_within_the_bound_the_most_replay_gives(path):
+    seen = 0
+    for row in probe_rows(path):
+        history = row.get("train") or row.get("forward")
+        if history is None or row.get("dropout"):
+            continue
+        fixed = cudnn_rnn.workspace_bound(
+            {"num_layers": row["layers"], "bidirectional": row["bidir"]}
+        )
+        workspace = max((size for action, size in history if action == "f"), default=0)
+        assert fixed <= workspace <= fixed + cudnn_rnn.SCRATCH_FACTOR * io_bytes(row), row
+        seen += 1
+    assert seen > 240
+
+
+def test_the_lstm_points_measured_after_their_prediction_lie_within_its_bounds():
+    """The committed GPU-free predictions (--gpu h200), then measured on an H100 with the
+    same cuDNN: every phase's peaks inside the bounds, and each measurement's own
+    prediction, calibrated there, exact where it claimed so."""
+    names = [line.split()[0] for line in (BLIND / "points.txt").read_text().splitlines()
+             if line and not line.startswith("#")]  # fmt: skip
+    assert len(names) == 6
+    for name in names:
+        predicted = json.loads((BLIND / "cpu" / f"{name}.json").read_text())["prediction"]
+        measured = json.loads((BLIND / "h100" / f"{name}.json").read_text())
+        assert predicted["status"] == "approximate"
+        bounds = {(b["phase"], b.get("repetition")): b for b in predicted["bounds"]["phases"]}
+        for row in measured["phases"]:
+            found = bounds[(row["phase"], row.get("repetition"))]
+            for key in tp.PEAK_KEYS:
+                assert found[key]["lower"] <= row[key] <= found[key]["upper"], (name, row)
+        claim = measured["summary"]["prediction"]
+        assert claim["status"] != "exact" or claim["held"] is True
