@@ -75,6 +75,7 @@ def test_for_a_gpu_the_trace_calls_cudnn_and_its_backward_with_cudnns_blocks(mod
     element, directions = ELEMENT[dtype], 2
     a = cudnn_rnn.RESERVE_PER_LAYER[MODES[mode]]
     reserve = (a * 3 - 1) * 7 * 5 * 40 * directions * element + 256
+    assert forward.outputs[3][2] == cudnn_rnn.reserve_bytes(MODES[mode], 3, 2, 35, 40, 0, element)
     sizes = [nbytes for _, _, nbytes in forward.outputs]
     assert sizes[:4] == [7 * 5 * 80 * element, 6 * 5 * 40 * element,
                          6 * 5 * 40 * element if mode == "LSTM" else 0, reserve]  # fmt: skip
@@ -105,11 +106,13 @@ def test_evaluation_mode_makes_no_reserve():
 
 
 def test_the_h200s_probes_reserve_output_and_gradient_buffer_are_the_traces():
-    """Oracle: 40 probed calls without projections, every mode and dtype; the trace's
-    reserve equals the probe's (its one call 16 B larger is not among them: checked), its
-    output and weights' gradient buffer are blocks of the probe's history."""
-    rows = [r for r in probe_rows(H200_PROBE) if not r["proj"]][::25]
-    assert len(rows) >= 40
+    """Oracle: every 25th probed call, every mode and dtype, LSTMs with projections among
+    them; the trace's reserve equals the probe's (its one call 16 B larger is not among
+    them: checked), its output and weights' gradient buffer are blocks of the probe's
+    history."""
+    rows = probe_rows(H200_PROBE)[::25]
+    assert len(rows) == 48
+    assert len([row for row in rows if row["proj"]]) >= 5
     for row in rows:
         trace = traced(row)
         [forward], [backward] = ops(trace, cudnn_rnn.FORWARD), ops(trace, cudnn_rnn.BACKWARD)
@@ -167,3 +170,14 @@ def test_the_lstm_points_measured_after_their_prediction_lie_within_its_bounds()
                 assert found[key]["lower"] <= row[key] <= found[key]["upper"], (name, row)
         claim = measured["summary"]["prediction"]
         assert claim["status"] != "exact" or claim["held"] is True
+
+
+def test_an_lstm_with_projections_takes_cudnn_with_its_projected_state_and_reserve():
+    row = dict(mode="LSTM", dtype="float16", input=24, hidden=40, layers=3, bidir=True, seq=7,
+               batch=5, batch_first=False, proj=16)  # fmt: skip
+    trace = traced(row)
+    assert "recurrent layers" not in trace.notes
+    [forward] = ops(trace, cudnn_rnn.FORWARD)
+    sizes = [nbytes for _, _, nbytes in forward.outputs]
+    reserve = ((7 * 3 - 1) * 40 + 3 * 16) * 35 * 2 * 2 + 256
+    assert sizes == [7 * 5 * 32 * 2, 6 * 5 * 16 * 2, 6 * 5 * 40 * 2, reserve]

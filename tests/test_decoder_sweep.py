@@ -13,6 +13,7 @@ import runfixtures
 from conftest import run_script
 
 from pipeline.artefacts import validate
+from pipeline.predicting import gpu_calibration
 from pipeline.stages import fit, report, sweep
 
 REGISTRY = validate.load_registry()
@@ -215,6 +216,22 @@ def test_a_decoder_sweep_stops_before_a_point_predicted_too_large(tmp_path):
         "exceeds 0.25 of the GPU's memory (139.80 GiB)"
     )
     assert len(runner.started) == 3
+
+
+def test_on_a_gpu_without_a_calibration_the_stop_rule_says_once_it_cannot_predict(
+    capsys, monkeypatch
+):
+    """--memory-fraction on a GPU the lab has no calibration for (an H100 here): the next
+    point cannot be predicted before it starts; the sweep goes on, and says so once."""
+    monkeypatch.setattr(sweep, "UNPREDICTED", set())
+    environment = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "torch": {"version": "2.11.0+cu130"}}
+    for _ in range(2):
+        assert sweep.decoder_predicted_peak({}, environment) is None
+    assert capsys.readouterr().err.splitlines() == [
+        "sweep.py: --memory-fraction: no committed calibration for NVIDIA H100 80GB HBM3 with "
+        "PyTorch 2.11.0+cu130, so no point is predicted before it starts: the sweep goes on "
+        "until one does not fit"
+    ]
 
 
 def test_a_decoder_sweep_bounded_by_steps_stops_there(tmp_path):
@@ -510,6 +527,12 @@ def test_a_decoder_sweep_on_the_gpu_stops_before_the_point_predicted_not_to_fit(
     assert result.returncode == 0, result.stderr
     [path] = tmp_path.glob("*-sweep/sweep.json")
     summary = json.loads(path.read_text())
+    environment = json.loads(next(tmp_path.glob("*/measurement.json")).read_text())["environment"]
+    known = gpu_calibration.name_for(environment["gpu"]["name"], environment["torch"]["version"])
+    if known is None:  # a GPU the lab cannot predict for: it goes on, and says so
+        assert "no point is predicted before it starts" in result.stderr
+        assert summary["stopped_because"].startswith("the GPU ran out of memory at batch ")
+        return
     assert all(p["status"] == "completed" for p in summary["points"])
     assert summary["stopped_because"].startswith("the next point's predicted peak reserved, ")
     assert " exceeds 0.5 of the GPU's memory (" in summary["stopped_because"]

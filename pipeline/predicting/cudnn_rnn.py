@@ -24,7 +24,7 @@ RNN_WORKSPACE_PER_LAYER per layer and direction and SCRATCH_FACTOR times its byt
 reserve's size is cuDNN's own arithmetic: RESERVE_PER_LAYER's rule held in 1,025 of 1,026
 H200 calls and 87 of 100 H100 ones, the others up to 40 bytes larger (an alignment).
 
-Projections (LSTM proj_size), packed sequences, dropout between layers in training (cuDNN's
+Packed sequences, dropout between layers in training (cuDNN's
 dropout state, 6,488,064 bytes kept from the first such call on the H100, and another
 reserve) and float64 are not followed: the call runs as it comes, with the trace's note.
 """
@@ -40,6 +40,7 @@ GATES = {RNN_RELU: 1, RNN_TANH: 1, LSTM: 4, GRU: 3}
 # and RESERVE_EXTRA bytes (the module's docstring says where it held).
 RESERVE_PER_LAYER = {RNN_RELU: 2, RNN_TANH: 2, LSTM: 6, GRU: 7}
 RESERVE_EXTRA = 256
+PROJECTED_PER_LAYER = 7  # an LSTM with projections (reserve_bytes)
 # The workspace's part that does not grow with the shapes, per layer and direction: 8 MiB
 # in every probe; the rest was at most 8.6 times the call's bytes, and is allowed 12.
 RNN_WORKSPACE_PER_LAYER = 8 * 2**20
@@ -68,10 +69,13 @@ def weight_elements(mode, input_size, hidden, proj, layers, directions) -> int:
     return total
 
 
-def reserve_bytes(mode, layers, directions, tokens, hidden, element_bytes) -> int:
-    return (RESERVE_PER_LAYER[mode] * layers - 1) * tokens * hidden * directions * element_bytes + (
-        RESERVE_EXTRA
-    )
+def reserve_bytes(mode, layers, directions, tokens, hidden, proj, element_bytes) -> int:
+    """The reserve: with projections, each layer keeps its hidden state before and after
+    the projection too ((7 layers - 1) x hidden + layers x proj: 174 of 174 H200 probes)."""
+    per_token = (RESERVE_PER_LAYER[mode] * layers - 1) * hidden
+    if proj:
+        per_token = (PROJECTED_PER_LAYER * layers - 1) * hidden + layers * proj
+    return per_token * tokens * directions * element_bytes + RESERVE_EXTRA
 
 
 def rnn_as_on_gpu(torch, func, args, kwargs):
@@ -84,21 +88,22 @@ def rnn_as_on_gpu(torch, func, args, kwargs):
     hx, cx = (hidden[0], hidden[1]) if mode == LSTM else (hidden, None)
     if not torch.backends.cudnn.enabled or str(x.dtype).removeprefix("torch.") not in DTYPES:
         return None
-    if (cx is not None and cx.size(2) != hx.size(2)) or (dropout > 0 and train):
-        return None  # a projection; dropout's state
-    if x.dim() != 3 or any(p.dtype != x.dtype for p in params):
-        return None
+    if (dropout > 0 and train) or x.dim() != 3 or any(p.dtype != x.dtype for p in params):
+        return None  # dropout's state
+    hidden_size, proj = hx.size(2), 0
+    if cx is not None and cx.size(2) != hx.size(2):  # an LSTM with projections
+        hidden_size, proj = cx.size(2), hx.size(2)
     forward = torch_private.cudnn_rnn_operators(torch)[0]
     output, hy, cy, _, _ = forward(
         x,
         list(params),
-        4 if has_biases else 2,
-        weight_buffer(torch, params, mode, x.size(-1), hx.size(2), layers, bidirectional),
+        (4 if has_biases else 2) + (1 if proj else 0),
+        weight_buffer(torch, params, mode, x.size(-1), hidden_size, proj, layers, bidirectional),
         hx,
         cx,
         mode,
-        hx.size(2),
-        0,
+        hidden_size,
+        proj,
         layers,
         batch_first,
         dropout,
@@ -110,13 +115,13 @@ def rnn_as_on_gpu(torch, func, args, kwargs):
     return (output, hy, cy) if mode == LSTM else (output, hy)
 
 
-def weight_buffer(torch, params, mode, input_size, hidden, layers, bidirectional):
+def weight_buffer(torch, params, mode, input_size, hidden, proj, layers, bidirectional):
     """`try_get_weight_buf`: the parameters' one storage as a flat tensor when all of them
     are views of it (a module flattened on the GPU), else None: _cudnn_rnn makes a buffer."""
     storages = {torch_private.StorageWeakRef(p.untyped_storage()).cdata for p in params}
     if len(storages) != 1 or not params[-1].is_contiguous():
         return None
-    elements = weight_elements(mode, input_size, hidden, 0, layers, 2 if bidirectional else 1)
+    elements = weight_elements(mode, input_size, hidden, proj, layers, 2 if bidirectional else 1)
     first = params[0]
     if first.untyped_storage().nbytes() < elements * first.element_size():
         return None
@@ -147,7 +152,7 @@ def _forward(fake_mode, func, *args, **kwargs):
             weight_buf = x.new_empty(
                 weight_elements(mode, x.size(-1), hidden, proj, layers, directions)
             )
-        size = reserve_bytes(mode, layers, directions, tokens, hidden, x.element_size())
+        size = reserve_bytes(mode, layers, directions, tokens, hidden, proj, x.element_size())
         reserve = x.new_empty(size if train else 0, dtype=torch.uint8)
     return output, hy, cy, reserve, weight_buf
 

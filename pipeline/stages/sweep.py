@@ -231,16 +231,26 @@ def decoder_predicted(configuration: dict, last: dict, runs_dir: Path) -> int | 
     return decoder_predicted_peak(configuration, document["environment"])
 
 
+UNPREDICTED: set = set()  # (GPU, PyTorch) the stop rule could not predict for, told once
+
+
 def decoder_predicted_peak(configuration: dict, environment: dict) -> int | None:
     """A point's peak reserved as `decoder.py estimate --gpu` predicts it, run as a user runs
     it (a child process: this one never imports torch), with the committed calibration of the
     last point's GPU and PyTorch; the upper bound where the prediction is approximate (the
     stop must not let a point past the memory). None without a calibration for that GPU and
     PyTorch, or when the estimate fails (said on stderr)."""
-    gpu = gpu_calibration.name_for(
-        environment["gpu"].get("name"), environment["torch"].get("version")
-    )
+    name, version = environment["gpu"].get("name"), environment["torch"].get("version")
+    gpu = gpu_calibration.name_for(name, version)
     if gpu is None:
+        if (name, version) not in UNPREDICTED:  # said once: the user asked for a stop rule
+            UNPREDICTED.add((name, version))
+            print(
+                f"sweep.py: --memory-fraction: no committed calibration for {name} with "
+                f"PyTorch {version}, so no point is predicted before it starts: the sweep "
+                "goes on until one does not fit",
+                file=sys.stderr,
+            )
         return None
     command = [sys.executable, "-m", decoder.__name__, "estimate"]
     command += [*decoder_flags(configuration), "--gpu", gpu, "--json"]
