@@ -24,6 +24,15 @@ from pipeline.core import cli  # noqa: E402
 from pipeline.stages import fit, report  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    """Tests that draw without report.png (which closes its figure) leave theirs open;
+    closed after each, or pyplot warns past 20 and keeps them all in memory."""
+    yield
+    report.pyplot().close("all")
+
 LARGE_RUN = "20261202T112323Z-50900d"
 CONTEXT_SWEEP = "20261202T113219Z-8f4a88-sweep"
 ITS_LARGEST_POINT = "20261202T113227Z-29fdbe"
