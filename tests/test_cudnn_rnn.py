@@ -22,6 +22,7 @@ ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2}
 H200_PROBE = RUNS / "20261205T163041Z-h200-rnn-probe" / "rnnprobe.json.gz"
 H100_PROBE = RUNS / "20261205T184600Z-h100-rnn-probe-2" / "rnnprobe2.json.gz"
 BLIND = RUNS / "20261205T175000Z-lstm-blind"
+BLIND_RECURRENT = RUNS / "20261205T172000Z-rnn-blind"
 
 
 def probe_rows(path):
@@ -152,16 +153,17 @@ def test_every_probed_workspace_lies_within_the_bound_the_most_replay_gives(path
     assert seen > 240
 
 
-def test_the_lstm_points_measured_after_their_prediction_lie_within_its_bounds():
+@pytest.mark.parametrize("folder", [BLIND, BLIND_RECURRENT], ids=["lstm-lm", "recurrent"])
+def test_the_points_measured_after_their_prediction_lie_within_its_bounds(folder):
     """The committed GPU-free predictions (--gpu h200), then measured on an H100 with the
     same cuDNN: every phase's peaks inside the bounds, and each measurement's own
     prediction, calibrated there, exact where it claimed so."""
-    names = [line.split()[0] for line in (BLIND / "points.txt").read_text().splitlines()
+    names = [line.split()[0] for line in (folder / "points.txt").read_text().splitlines()
              if line and not line.startswith("#")]  # fmt: skip
     assert len(names) == 6
     for name in names:
-        predicted = json.loads((BLIND / "cpu" / f"{name}.json").read_text())["prediction"]
-        measured = json.loads((BLIND / "h100" / f"{name}.json").read_text())
+        predicted = json.loads((folder / "cpu" / f"{name}.json").read_text())["prediction"]
+        measured = json.loads((folder / "h100" / f"{name}.json").read_text())
         assert predicted["status"] == "approximate"
         bounds = {(b["phase"], b.get("repetition")): b for b in predicted["bounds"]["phases"]}
         for row in measured["phases"]:
