@@ -33,6 +33,7 @@ def close_figures():
     yield
     report.pyplot().close("all")
 
+
 LARGE_RUN = "20261202T112323Z-50900d"
 CONTEXT_SWEEP = "20261202T113219Z-8f4a88-sweep"
 ITS_LARGEST_POINT = "20261202T113227Z-29fdbe"
