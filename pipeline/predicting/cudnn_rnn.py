@@ -17,10 +17,13 @@ probed on an H200 (runs/20261205T163041Z-h200-rnn-probe) and 261 more on an H100
   gradients, whose views the parameters' `.grad` become.
 
 Not covered, so the prediction is approximate: cuDNN's workspace, a block made and freed
-inside each call, and the zeros and contiguous copies a call makes for itself; the
-probes put the workspace at 8 MiB per layer and direction plus at most 8.6 times the call's
-own bytes (evaluation mode; 6.4 in training), and the most replay gives each call
-RNN_WORKSPACE_PER_LAYER per layer and direction and SCRATCH_FACTOR times its bytes. The
+inside each call, and the zeros and contiguous copies a call makes for itself. In every
+probe, forward and backward, the workspace was 8 MiB per layer and direction plus at most
+the weight matrices' bytes, the call's copies and 3.8 times `workspace_growth` (a term in
+tokens x widths and batch x layers x widths read from the H200's probes; 3.3 on the H100's
+held-out ones);
+the most replay gives each call that fixed part, the weights, WORKSPACE_GROWTH_FACTOR times
+the growth and the call's own copies (`scratch_bound`). The
 reserve's size is cuDNN's own arithmetic: RESERVE_PER_LAYER's rule held in 1,025 of 1,026
 H200 calls and 87 of 100 H100 ones, the others up to 40 bytes larger (an alignment).
 
@@ -42,9 +45,11 @@ RESERVE_PER_LAYER = {RNN_RELU: 2, RNN_TANH: 2, LSTM: 6, GRU: 7}
 RESERVE_EXTRA = 256
 PROJECTED_PER_LAYER = 7  # an LSTM with projections (reserve_bytes)
 # The workspace's part that does not grow with the shapes, per layer and direction: 8 MiB
-# in every probe; the rest was at most 8.6 times the call's bytes, and is allowed 12.
+# in every probe; beyond it and the weights and copies (scratch_bound), at most 3.8 times
+# workspace_growth (3.3 on the held-out H100 calls), allowed 6.
 RNN_WORKSPACE_PER_LAYER = 8 * 2**20
-SCRATCH_FACTOR = 12
+WORKSPACE_GROWTH_FACTOR = 6
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 FORWARD = "aten._cudnn_rnn.default"
 BACKWARD = "aten._cudnn_rnn_backward.default"
 DTYPES = ("float32", "float16", "bfloat16")  # probed; cuDNN runs float64 too
@@ -190,22 +195,42 @@ def add_fake_kernels(torch):
     return lambda: [step() for step in reversed(undo)]
 
 
-def workspace_bound(arguments: dict) -> int:
-    """The workspace's part that does not grow with the call's bytes, at most (the module's
-    docstring): RNN_WORKSPACE_PER_LAYER per layer and direction."""
-    directions = 2 if arguments["bidirectional"] else 1
-    return RNN_WORKSPACE_PER_LAYER * arguments["num_layers"] * directions
+def workspace_growth(mode, input_size, hidden, layers, directions, tokens, batch, element):
+    """The workspace's part that grows with the call, as the probes show its shape: per token
+    the gates' and two more states' widths and twice the input, per batch row 20 states per
+    layer and direction, and 64 KiB."""
+    per_token = directions * (GATES[mode] + 2) * hidden + 2 * input_size
+    return element * (tokens * per_token + 20 * layers * directions * batch * hidden) + 65536
 
 
-def device_bytes(arguments: dict, is_tensor) -> int:
-    """The bytes of a recorded call's device tensors, each storage once: the weights are
-    views of the weight buffer where one is given (each of them describes the buffer's whole
-    storage), their own storages where none is."""
-    total = 0
-    for name, value in arguments.items():
-        if name == "weight" and arguments.get("weight_buf") is not None:
-            continue
-        for leaf in value if isinstance(value, list) else [value]:
-            if is_tensor(leaf) and leaf[6] == "device":
-                total += leaf[5]
-    return total
+def scratch_bound(arguments: dict) -> int | None:
+    """The most a recorded _cudnn_rnn or _cudnn_rnn_backward call allocates besides its
+    outputs, from its arguments (tensors as trace_prediction.describe gives them): the
+    workspace's bound (the module's docstring) and the copies the call makes for itself (its
+    input and output made contiguous, zeros for the state gradients autograd did not give).
+    None: not a call this bound speaks for."""
+    x = arguments.get("input")
+    if not (isinstance(x, tuple) and x and x[0] == "tensor") or x[1] not in ELEMENT_BYTES:
+        return None
+    element, shape = ELEMENT_BYTES[x[1]], x[2]
+    mode, hidden, proj = arguments["mode"], arguments["hidden_size"], arguments["proj_size"]
+    layers, directions = arguments["num_layers"], 2 if arguments["bidirectional"] else 1
+    if len(shape) == 2 and arguments["batch_sizes"]:
+        tokens, batch = shape[0], arguments["batch_sizes"][0]
+    elif len(shape) == 3:
+        batch = shape[0] if arguments["batch_first"] else shape[1]
+        tokens = shape[0] * shape[1]
+    else:
+        return None
+    out = proj or hidden
+    matrices = weight_elements(mode, shape[-1], hidden, proj, layers, directions)
+    matrices -= 2 * GATES[mode] * hidden * layers * directions  # the biases
+    growth = workspace_growth(mode, shape[-1], hidden, layers, directions, tokens, batch, element)
+    copies = tokens * (shape[-1] + out * directions) + 2 * layers * directions * batch * (
+        out + hidden
+    )
+    return (
+        RNN_WORKSPACE_PER_LAYER * layers * directions
+        + element * (matrices + copies)
+        + WORKSPACE_GROWTH_FACTOR * growth
+    )

@@ -2228,11 +2228,10 @@ def scratch_bound(signature: Signature, outputs: int) -> int:
     """The most scratch an operator call nobody measured may take (SCRATCH_FACTOR, and for
     an attention left whole MATH_SCORES score matrices)."""
     if signature.name in (cudnn_rnn.FORWARD, cudnn_rnn.BACKWARD) and signature.spec is not None:
-        arguments = call_arguments(signature)
-        inputs = cudnn_rnn.device_bytes(arguments, call_keys.is_tensor_leaf)
-        bound = cudnn_rnn.SCRATCH_FACTOR * (inputs + outputs) + cudnn_rnn.workspace_bound(arguments)
-    else:
-        bound = max(SCRATCH_FACTOR * (device_bytes(signature) + outputs), SCRATCH_FLOOR)
+        bound = cudnn_rnn.scratch_bound(call_arguments(signature))
+        if bound is not None:
+            return bound
+    bound = max(SCRATCH_FACTOR * (device_bytes(signature) + outputs), SCRATCH_FLOOR)
     scores = attention_scores(signature)
     if scores is not None:
         bound += MATH_SCORES * 4 * math.prod(scores)
