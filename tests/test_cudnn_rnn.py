@@ -24,6 +24,7 @@ H100_PROBE = RUNS / "20261205T184600Z-h100-rnn-probe-2" / "rnnprobe2.json.gz"
 BLIND = RUNS / "20261205T175000Z-lstm-blind"
 BLIND_RECURRENT = RUNS / "20261205T172000Z-rnn-blind"
 REPREDICTED = RUNS / "20261205T181500Z-rnn-repredicted"
+RERUN = RUNS / "20261205T182000Z-rnn-rerun-h100"
 
 
 def probe_rows(path):
@@ -231,3 +232,13 @@ def test_the_most_replay_gives_a_recurrent_call_cudnns_own_scratch_bound():
         expected = cudnn_rnn.scratch_bound(tp.call_arguments(signature))
         assert expected == cudnn_rnn.scratch_bound(arguments_of(row))
         assert tp.scratch_bound(signature, sum(n for *_, n in call.outputs)) == expected
+
+
+def test_the_recurrent_points_measured_twice_gave_the_same_peaks():
+    for folder in (BLIND, BLIND_RECURRENT):
+        for first in sorted((folder / "h100").glob("*.json")):
+            again = json.loads((RERUN / first.name).read_text())["phases"]
+            rows = json.loads(first.read_text())["phases"]
+            assert [[r[k] for k in tp.PEAK_KEYS] for r in rows] == [
+                [r[k] for k in tp.PEAK_KEYS] for r in again
+            ], first.name
