@@ -39,6 +39,7 @@ from pipeline.core import torch_private
 # cudnnRNNMode_t, as PyTorch passes it to _cudnn_rnn
 RNN_RELU, RNN_TANH, LSTM, GRU = 0, 1, 2, 3
 GATES = {RNN_RELU: 1, RNN_TANH: 1, LSTM: 4, GRU: 3}
+MODE_BY_NAME = {"RNN_RELU": RNN_RELU, "RNN_TANH": RNN_TANH, "LSTM": LSTM, "GRU": GRU}  # .mode
 # The reserve: (RESERVE_PER_LAYER x layers - 1) x tokens x hidden x directions elements,
 # and RESERVE_EXTRA bytes (the module's docstring says where it held).
 RESERVE_PER_LAYER = {RNN_RELU: 2, RNN_TANH: 2, LSTM: 6, GRU: 7}
@@ -133,6 +134,35 @@ def weight_buffer(torch, params, mode, input_size, hidden, proj, layers, bidirec
     return first.new_empty(0).set_(first.untyped_storage(), 0, (elements,), (1,))
 
 
+def flatten_on_fake(torch, module) -> None:
+    """nn.RNNBase.flatten_parameters as a GPU runs it for a module of fake tensors: where
+    the parameters are float16 or float32, of one dtype, and none aliases another, they are
+    copied into one zeroed buffer of cuDNN's size and made views of it
+    (`_cudnn_rnn_flatten_weight`): one block made, theirs freed. Without a GPU the real
+    method stops at `is_cuda`, beside one at `data_ptr`."""
+    weights = module._flat_weights
+    if len(weights) != len(module._flat_weights_names) or not torch.backends.cudnn.enabled:
+        return
+    dtype = weights[0].dtype
+    if str(dtype).removeprefix("torch.") not in FLATTENED or any(w.dtype != dtype for w in weights):
+        return
+    storages = {torch_private.StorageWeakRef(w.untyped_storage()).cdata for w in weights}
+    if len(storages) != len(weights):  # parameters that alias: the copying path
+        return
+    elements = weight_elements(
+        MODE_BY_NAME[module.mode], module.input_size, module.hidden_size, module.proj_size,
+        module.num_layers, 2 if module.bidirectional else 1,
+    )  # fmt: skip
+    with torch.no_grad():
+        flat = weights[0].new_zeros(elements)
+        offset = 0
+        for w in weights:
+            view = flat[offset : offset + w.numel()].view_as(w)
+            view.copy_(w)
+            w.set_(view)
+            offset += w.numel()
+
+
 def _forward(fake_mode, func, *args, **kwargs):
     """_cudnn_rnn's blocks (the module's docstring), on fake tensors."""
     import torch
@@ -169,8 +199,9 @@ def _backward(fake_mode, func, *args, **kwargs):
      _layers, batch_first, _dropout, _train, _bidirectional, batch_sizes, _state, _reserve,
      mask) = args  # fmt: skip
     with fake_mode:
-        if batch_first and not batch_sizes:
-            dx = x.transpose(0, 1).new_empty(x.transpose(0, 1).shape).transpose(0, 1)
+        if batch_first and not batch_sizes:  # made in cuDNN's order, handed back transposed
+            time_major = x.transpose(0, 1)
+            dx = time_major.new_empty(time_major.shape).transpose(0, 1)
         else:
             dx = x.new_empty(x.shape)
         dhx = hx.new_empty(hx.shape)

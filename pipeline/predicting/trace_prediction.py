@@ -582,44 +582,18 @@ class Tracer:
         self._undo.append(undo)
 
     def _patch_rnn_flatten(self) -> None:
-        """nn.RNNBase.flatten_parameters, when a module's float16 or float32 parameters reach
-        a GPU, copies them into one zeroed buffer of cuDNN's layout and makes them views of
-        it (`_cudnn_rnn_flatten_weight`): one block made, theirs freed. On fake tensors it
-        stops at `is_cuda` (the meta device) or at `data_ptr`: the same, on fake tensors."""
+        """nn.RNNBase.flatten_parameters on fake tensors does what it does on a GPU
+        (cudnn_rnn.flatten_on_fake); on real tensors, its own code."""
         torch = self.torch
         rnn_base = torch.nn.RNNBase
         original = rnn_base.flatten_parameters
         fake = torch_private.FakeTensor
-        modes = {"RNN_RELU": cudnn_rnn.RNN_RELU, "RNN_TANH": cudnn_rnn.RNN_TANH,
-                 "LSTM": cudnn_rnn.LSTM, "GRU": cudnn_rnn.GRU}  # fmt: skip
 
         def flatten_parameters(module):
             weights = module._flat_weights
             if not weights or not all(isinstance(w, fake) for w in weights):
                 return original(module)
-            if len(weights) != len(module._flat_weights_names) or not torch.backends.cudnn.enabled:
-                return None
-            dtype = weights[0].dtype
-            if str(dtype).removeprefix("torch.") not in cudnn_rnn.FLATTENED or any(
-                w.dtype != dtype for w in weights
-            ):
-                return None
-            storages = {torch_private.StorageWeakRef(w.untyped_storage()).cdata for w in weights}
-            if len(storages) != len(weights):  # parameters that alias: the copying path
-                return None
-            elements = cudnn_rnn.weight_elements(
-                modes[module.mode], module.input_size, module.hidden_size, module.proj_size,
-                module.num_layers, 2 if module.bidirectional else 1,
-            )  # fmt: skip
-            with torch.no_grad():
-                flat = weights[0].new_zeros(elements)
-                offset = 0
-                for w in weights:
-                    view = flat[offset : offset + w.numel()].view_as(w)
-                    view.copy_(w)
-                    w.set_(view)
-                    offset += w.numel()
-            return None
+            return cudnn_rnn.flatten_on_fake(torch, module)
 
         rnn_base.flatten_parameters = flatten_parameters
         self._undo.append(lambda: setattr(rnn_base, "flatten_parameters", original))
