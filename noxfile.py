@@ -279,14 +279,14 @@ def lint(session: nox.Session) -> None:
 def estimate(session: nox.Session) -> None:
     """Estimate weight memory without a GPU: `-- --parameters N --bits B [--reserve-gib R]`."""
     usage = "--parameters N --bits B [--reserve-gib R]"
-    run_stage(session, "pipeline.mesure_memoire", "estimate", usage=usage)
+    run_stage(session, "kit.mesure_memoire", "estimate", usage=usage)
 
 
 @nox.session(venv_backend="none")
 def environment(session: nox.Session) -> None:
     """Record Python, PyTorch, GPU and driver: `-- --device cuda:0 [--output FILE]`."""
     usage = "--device cuda:N [--output NEW.json]"
-    run_stage(session, "pipeline.mesure_memoire", "environment", usage=usage, needs="--device")
+    run_stage(session, "kit.mesure_memoire", "environment", usage=usage, needs="--device")
 
 
 @nox.session(venv_backend="none")
@@ -353,7 +353,7 @@ def verify(session: nox.Session) -> None:
 
 @nox.session(name="kit-script", venv_backend="none")
 def kit_script(session: nox.Session) -> None:
-    """Regenerate pipeline/mesure_memoire.py from the package (`-- --check`: compare)."""
+    """Regenerate kit/mesure_memoire.py from the package (`-- --check`: compare)."""
     run_stage(session, "pipeline.kit.make_kit_script")
 
 

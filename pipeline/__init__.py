@@ -6,9 +6,9 @@ contract and registry), predicting (the trace and the H200's calibration), workl
 each kind of workload is and what its files must say), artefacts (schemas and facts of every
 file), kit (generating, archiving and verifying the kit), measuring (the commands that
 estimate and measure a workload, in fresh processes), stages (the chain, sweeps, logs, fit
-and report). The kit's two scripts, mesure_memoire.py and calcul_forfaits.py, sit beside the
-floors: they import nothing of the pipeline. mesure_memoire.py is generated from core and
-workloads/seed_network.py; calcul_forfaits.py is the one source of the prices fit and report
+and report). The kit's two scripts import nothing of the pipeline: kit/mesure_memoire.py is
+generated from core and workloads/seed_network.py and kept outside this package;
+calcul_forfaits.py, beside the floors, is the one source of the prices fit and report
 quote. Each command runs as `python -m pipeline.FLOOR.MODULE` from the repository root.
 """
 

@@ -70,6 +70,7 @@ def repo_copy(tmp_path: Path, front_matter: str = DECIDED) -> Path:
     in place of the protocol's: its scripts judge quality values against that protocol."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "pipeline", repo / "pipeline", ignore=shutil.ignore_patterns("__py*"))
+    shutil.copytree(ROOT / "kit", repo / "kit", ignore=shutil.ignore_patterns("__py*"))
     (repo / "schemas").mkdir()
     for path in (ROOT / "schemas").glob("*.schema.json"):
         shutil.copyfile(path, repo / "schemas" / path.name)

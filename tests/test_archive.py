@@ -244,9 +244,7 @@ DIRTY = {
         "records an interpreter version",
     ),
     "notebook not regenerated": (
-        lambda tree: replace(
-            tree / "pipeline" / "mesure_memoire.py", "GIB = 2**30", "GIB = 1 << 30"
-        ),
+        lambda tree: replace(tree / "kit" / "mesure_memoire.py", "GIB = 2**30", "GIB = 1 << 30"),
         "mesure-memoire.ipynb: not generated from the current mesure_memoire.py",
     ),
     "kit script not regenerated": (

@@ -13,7 +13,7 @@ import sys
 import pytest
 from conftest import PIPELINE, run_script
 
-from pipeline import mesure_memoire
+from kit import mesure_memoire
 from pipeline.artefacts import validate
 from pipeline.measuring import launcher
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from pipeline import mesure_memoire
+from kit import mesure_memoire
 from pipeline.artefacts import validate
 from pipeline.measuring import own_model
 from pipeline.predicting import trace_prediction as tp

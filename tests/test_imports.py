@@ -70,16 +70,21 @@ def circles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def graph_of(root: Path, package: str = "pipeline") -> dict[str, set[str]]:
-    """Each module of the package under `root` and the modules of it that it imports."""
-    paths = [p for p in sorted((root / package).rglob("*.py")) if p.name != "__init__.py"]
+def graph_of(root: Path, packages=("pipeline", "kit")) -> dict[str, set[str]]:
+    """Each module of the packages under `root` and the modules of them that it imports."""
+    paths = [
+        path
+        for package in packages
+        for path in sorted((root / package).rglob("*.py"))
+        if path.name != "__init__.py"
+    ]
     modules = {module_name(path, root) for path in paths}
     return {module_name(path, root): imports(path, modules, root) for path in paths}
 
 
 GRAPH = graph_of(ROOT)
 PACKAGE = {name: imported for name, imported in GRAPH.items() if name.startswith("pipeline.")}
-KIT_SCRIPTS = {"pipeline.mesure_memoire", "pipeline.calcul_forfaits"}
+KIT_SCRIPTS = {"pipeline.calcul_forfaits"}
 # The example workload files are a user's, loaded by path: they import `own_model` by name.
 EXAMPLES = {name for name in PACKAGE if name.split(".")[-1] in
             ("decoder_training", "resnet_cnn", "vit_encoder")}  # fmt: skip
@@ -92,7 +97,7 @@ def floor(module: str) -> int:
 def test_every_module_sits_on_a_floor():
     stray = set(PACKAGE) - KIT_SCRIPTS - {m for m in PACKAGE if m.split(".")[1] in pipeline.FLOORS}
     assert stray == set()
-    assert {module.split(".")[1] for module in PACKAGE} - {"mesure_memoire", "calcul_forfaits"} \
+    assert {module.split(".")[1] for module in PACKAGE} - {"calcul_forfaits"} \
         == set(pipeline.FLOORS)  # fmt: skip
 
 
@@ -115,10 +120,8 @@ def test_the_kit_scripts_import_nothing_of_the_pipeline_and_no_module_imports_th
     """The kit is a leaf: the pipeline shares the core modules mesure_memoire.py is generated
     from, never the script (the launcher runs it by name, in a child); calcul_forfaits.py is
     the one source of the prices fit and report quote."""
-    assert all(PACKAGE[script] == set() for script in KIT_SCRIPTS)
-    importers = sorted(
-        m for m, imported in PACKAGE.items() if "pipeline.mesure_memoire" in imported
-    )
+    assert all(GRAPH[script] == set() for script in (*KIT_SCRIPTS, "kit.mesure_memoire"))
+    importers = sorted(m for m, imported in PACKAGE.items() if "kit.mesure_memoire" in imported)
     assert importers == []
     assert "pipeline.measuring.launcher" in PACKAGE  # the test reads the right folder
 
@@ -187,7 +190,7 @@ def test_a_circle_is_found_even_through_an_import_inside_a_function(tmp_path, fi
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
-    assert circles(graph_of(tmp_path, "p")) == expected
+    assert circles(graph_of(tmp_path, ("p",))) == expected
 
 
 def test_an_upward_import_is_seen(tmp_path):

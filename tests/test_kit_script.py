@@ -13,7 +13,7 @@ from conftest import PIPELINE, ROOT, run_script
 
 from pipeline.kit import make_kit_script
 
-SCRIPT = PIPELINE / "mesure_memoire.py"
+SCRIPT = ROOT / "kit" / "mesure_memoire.py"
 
 
 def sources() -> tuple[str, dict[str, str]]:
@@ -82,6 +82,7 @@ def test_make_kit_script_check_mode(tmp_path):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / path, tmp_path / path)
     kit = tmp_path / make_kit_script.KIT_SCRIPT
+    kit.parent.mkdir()
     kit.write_text(SCRIPT.read_text(encoding="utf-8").replace("GIB = 2**30", "GIB = 1 << 30"))
     stale = run_script("make_kit_script.py", "--check", "--root", str(tmp_path))
     assert stale.returncode == 1

@@ -15,11 +15,11 @@ import sys
 from decimal import Decimal
 
 import pytest
-from conftest import PIPELINE, run_script
+from conftest import ROOT, run_script
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import mesure_memoire as mm
+from kit import mesure_memoire as mm
 from pipeline.artefacts import validate
 
 REGISTRY = validate.load_registry()
@@ -342,7 +342,7 @@ def test_no_environment_variable_or_host_data_in_any_output(tmp_path):
 
 
 def test_the_script_never_reads_the_process_environment():
-    source = (PIPELINE / "mesure_memoire.py").read_text()
+    source = (ROOT / "kit" / "mesure_memoire.py").read_text()
     assert "os.environ" not in source
     assert "environ[" not in source
     assert "getenv" not in source
@@ -353,7 +353,7 @@ def test_the_script_never_reads_the_process_environment():
 
 
 def test_module_level_imports_are_standard_library_only():
-    tree = ast.parse((PIPELINE / "mesure_memoire.py").read_text())
+    tree = ast.parse((ROOT / "kit" / "mesure_memoire.py").read_text())
     top = set()
     for node in tree.body:
         if isinstance(node, ast.Import):

@@ -13,14 +13,14 @@ import types
 
 import nbformat
 import pytest
-from conftest import PIPELINE, ROOT, run_script
+from conftest import ROOT, run_script
 
 from pipeline.artefacts import validate
 from pipeline.kit import make_notebook
 
 NOTEBOOK = ROOT / "data" / "mesure-memoire.ipynb"
 RUNNER = ROOT / "tests" / "benchmarks" / "run_notebook.py"
-SCRIPT = PIPELINE / "mesure_memoire.py"
+SCRIPT = ROOT / "kit" / "mesure_memoire.py"
 
 
 @pytest.fixture(scope="module")
@@ -228,9 +228,9 @@ def test_an_excluded_name_that_left_the_script_is_reported():
 
 def test_make_notebook_check_mode(tmp_path):
     assert run_script("make_notebook.py", "--check").returncode == 0
-    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "kit").mkdir()
     (tmp_path / "data").mkdir()
-    (tmp_path / "pipeline" / "mesure_memoire.py").write_bytes(SCRIPT.read_bytes())
+    (tmp_path / "kit" / "mesure_memoire.py").write_bytes(SCRIPT.read_bytes())
     (tmp_path / "data" / "mesure-memoire.ipynb").write_text("{}")
     stale = run_script("make_notebook.py", "--check", "--root", str(tmp_path))
     assert stale.returncode == 1

@@ -23,7 +23,7 @@ from conftest import PIPELINE, RUNS, run_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import mesure_memoire
+from kit import mesure_memoire
 from pipeline.artefacts import validate
 from pipeline.measuring import own_model
 from pipeline.predicting import trace_prediction as tp

@@ -13,7 +13,7 @@ from conftest import RUNS, run_script
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import mesure_memoire as mm
+from kit import mesure_memoire as mm
 
 MIB = 2**20
 

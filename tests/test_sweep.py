@@ -17,7 +17,7 @@ from conftest import ROOT, RUNS, cuda_available, run_script
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import mesure_memoire
+from kit import mesure_memoire
 from pipeline.artefacts import validate
 from pipeline.stages import sweep
 

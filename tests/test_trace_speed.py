@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import mesure_memoire as mm
+from kit import mesure_memoire as mm
 from pipeline.predicting import trace_prediction as tp
 from pipeline.predicting.trace_prediction import PredictionStatus
 

@@ -52,7 +52,7 @@ MANIFEST_SCHEMA = "urn:iteragpu-lab:schema:manifest:v1"
 MEMBERS = {
     "README.md": "data/kit-README.md",
     "mesure-memoire.ipynb": "data/mesure-memoire.ipynb",
-    "mesure_memoire.py": "pipeline/mesure_memoire.py",
+    "mesure_memoire.py": "kit/mesure_memoire.py",
     "protocole-qualite.md": "data/protocole-qualite.md",
     "resultats-bruts.csv": "data/resultats-bruts.csv",
     "calcul_forfaits.py": "pipeline/calcul_forfaits.py",

@@ -1,4 +1,4 @@
-"""Generate the kit script, pipeline/mesure_memoire.py, from the package's modules.
+"""Generate the kit script, kit/mesure_memoire.py, from the package's modules.
 
 The kit ships one self-contained file that imports nothing of the pipeline; the pipeline
 shares the same code without importing the kit. So the code lives in the package, by role,
@@ -28,7 +28,7 @@ Why the own part is a module that imports the core rather than a fragment: it ru
 linted and is imported like any module, so the pipeline checks the seed network's flags
 and predicts its counters with the very code the kit ships, without importing the kit.
 
-    python -m pipeline.kit.make_kit_script            # (re)write pipeline/mesure_memoire.py
+    python -m pipeline.kit.make_kit_script            # (re)write kit/mesure_memoire.py
     python -m pipeline.kit.make_kit_script --check    # exit 1 if the committed file is stale
 
 Regenerating is byte-for-byte stable. tests/test_kit_script.py and `make archive` refuse a
@@ -45,7 +45,7 @@ from pathlib import Path
 from pipeline.kit import generated
 
 ROOT = Path(__file__).resolve().parents[2]
-KIT_SCRIPT = Path("pipeline/mesure_memoire.py")
+KIT_SCRIPT = Path("kit/mesure_memoire.py")
 OWN_PART = Path("pipeline/workloads/seed_network.py")
 # The core the kit carries, in the order a reader meets it: each a module of pipeline/core/.
 CORE = (

@@ -1,4 +1,4 @@
-"""Generate the kit's notebook, data/mesure-memoire.ipynb, from pipeline/mesure_memoire.py.
+"""Generate the kit's notebook, data/mesure-memoire.ipynb, from kit/mesure_memoire.py.
 
 One source, so the two can never drift: the notebook's code cells are the script's own
 functions and constants, copied line for line (found with `ast`), grouped by the script's
@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline.kit import generated
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path("pipeline/mesure_memoire.py")
+SCRIPT = Path("kit/mesure_memoire.py")
 NOTEBOOK = Path("data/mesure-memoire.ipynb")
 
 # The command-line layer of the script: argparse, its value parsers, and the printers of

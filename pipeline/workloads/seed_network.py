@@ -1,5 +1,5 @@
 # The kit script's own part: the seed's synthetic network, its three commands and their
-# command line. The kit ships one self-contained file, pipeline/mesure_memoire.py, generated
+# command line. The kit ships one self-contained file, kit/mesure_memoire.py, generated
 # from this module by pipeline/kit/make_kit_script.py: each `# from MODULE: NAMES` line below
 # becomes those definitions, copied verbatim from the core module (allocator_model,
 # arguments, environment_capture, phase_protocol, writers, run_status, measure_flow), and the

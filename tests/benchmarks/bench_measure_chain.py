@@ -9,7 +9,7 @@ cache, clocks, other tenants) touches all three alike, after one untimed round:
                                               validation and log), small configuration, its
                                               run folders in a temporary directory
                                               (ITERAGPU_RUNS_DIR): never in runs/
-  B  python3 pipeline/mesure_memoire.py measure --device cuda:0 --batch 1 --context 16
+  B  python3 kit/mesure_memoire.py measure --device cuda:0 --batch 1 --context 16
          --width 64 --dtype float32 --warmup 1 --repeats 2 --output <temporary file>
   C  python3 -c "import torch; torch.cuda.init(); torch.empty(1, device='cuda:0')"   the floor
 

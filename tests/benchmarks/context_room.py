@@ -43,7 +43,7 @@ CHILD = """
 import json, sys
 sys.path.insert(0, {root!r})
 import torch
-from pipeline import mesure_memoire as mm
+from kit import mesure_memoire as mm
 index = {index}
 device = torch.device("cuda", index)
 torch.cuda.set_device(device)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 import gpu_guard  # noqa: E402
 
-from pipeline import mesure_memoire  # noqa: E402
+from kit import mesure_memoire  # noqa: E402
 from pipeline.core import cli  # noqa: E402
 from pipeline.measuring import launcher  # noqa: E402
 

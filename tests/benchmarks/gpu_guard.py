@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 
-from pipeline import mesure_memoire  # noqa: E402
+from kit import mesure_memoire  # noqa: E402
 
 # Counted in a child: this process never initialises CUDA (launcher.py forks from it).
 COUNT = (

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the 
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
 )
-from pipeline import mesure_memoire  # noqa: E402
+from kit import mesure_memoire  # noqa: E402
 
 SCHEMA = "urn:iteragpu-lab:schema:hf-zoo-grid:v1"
 COUNTERS = mesure_memoire.COUNTER_KEYS

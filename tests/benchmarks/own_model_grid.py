@@ -40,7 +40,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 import gpu_guard  # noqa: E402
 
-from pipeline import mesure_memoire  # noqa: E402
+from kit import mesure_memoire  # noqa: E402
 
 COUNTERS = mesure_memoire.COUNTER_KEYS
 EXAMPLES = {

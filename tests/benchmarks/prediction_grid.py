@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run by its path: the package is found from the root
 import gpu_guard  # noqa: E402
 
-from pipeline import mesure_memoire  # noqa: E402
+from kit import mesure_memoire  # noqa: E402
 from pipeline.measuring import launcher  # noqa: E402
 
 COUNTERS = mesure_memoire.COUNTER_KEYS
@@ -148,7 +148,8 @@ def main() -> int:
         dtype, batch, context, width = job
         name = f"{dtype}-b{batch}-c{context}-w{width}"
         argv = argv_for(batch, context, width, dtype, out / "fresh" / f"{name}.json")
-        subprocess.run([sys.executable, str(PIPELINE / "mesure_memoire.py"), *argv], check=False)
+        script = ROOT / "kit" / "mesure_memoire.py"
+        subprocess.run([sys.executable, str(script), *argv], check=False)
         return name
 
     with ThreadPoolExecutor(max_workers=6) as pool:
