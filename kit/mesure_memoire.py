@@ -160,24 +160,25 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------- value parsing
 
 
+def _matched(text: str, pattern: str, expected: str) -> str:
+    """The text when the whole of it matches `pattern`; else argparse's one-line refusal."""
+    if not re.fullmatch(pattern, text):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return text
+
+
 def positive_int(text: str) -> int:
     """Digits only: '1e9', '5.0', '+5' and '0' are refused rather than guessed at."""
-    if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
+    return int(_matched(text, r"0*[1-9][0-9]*", "a positive integer"))
 
 
 def non_negative_decimal(text: str) -> Decimal:
     """A plain decimal number >= 0 ('4', '0.5'); no exponent, sign, NaN or infinity."""
-    if not re.fullmatch(r"[0-9]{1,15}(\.[0-9]{1,15})?", text):
-        raise argparse.ArgumentTypeError(f"expected a decimal number >= 0, got {text!r}")
-    return Decimal(text)
+    return Decimal(_matched(text, r"[0-9]{1,15}(\.[0-9]{1,15})?", "a decimal number >= 0"))
 
 
 def non_negative_int(text: str) -> int:
-    if not re.fullmatch(r"[0-9]{1,18}", text):
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
+    return int(_matched(text, r"[0-9]{1,18}", "an integer >= 0"))
 
 
 def device_index(text: str) -> int:
@@ -188,6 +189,15 @@ def device_index(text: str) -> int:
             f"expected a GPU device 'cuda' or 'cuda:N' (no CPU fallback), got {text!r}"
         )
     return int(match.group(1) or 0)
+
+
+def add_defaulted(group, defaults: dict, what: dict, dtypes) -> None:
+    """One option per entry of `defaults` (name: default), its help `what[name]` with the
+    default shown: `dtype` chooses among `dtypes`, every other takes a positive integer."""
+    for name, default in defaults.items():
+        text = f"{what[name]} (default {default})" if name in what else f"(default {default})"
+        kind = {"choices": sorted(dtypes)} if name == "dtype" else {"type": positive_int}
+        group.add_argument("--" + name.replace("_", "-"), default=default, help=text, **kind)
 
 
 # ---------------------------------------------------------------- estimate (no GPU)
@@ -548,6 +558,15 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def document_head(schema: str, tool: dict, status: str | None = None) -> dict:
+    """The fields a result file opens with, in this order: what it is, what wrote it, when,
+    and (a measurement or a prediction) how it ended."""
+    head = {"schema": schema, "tool": tool, "created_utc": utc_now()}
+    if status is not None:
+        head["status"] = status
+    return head
+
+
 # ---------------------------------------------------------------- prediction (no GPU)
 
 
@@ -882,23 +901,25 @@ def calibrate_library_blocks(torch, device, model, x) -> dict:
     before_clear = torch.cuda.memory_allocated(device)
     clear()
     report["cleared_bytes"] = before_clear - torch.cuda.memory_allocated(device)
+
+    def kept_by(layer: str, seen: dict, output) -> dict:
+        """The blocks that appeared with `layer` and stay, its output left out."""
+        torch.cuda.synchronize(device)
+        now = active()
+        for key in sorted(set(now) - set(seen)):
+            if key[0] != output.untyped_storage().data_ptr():
+                report["blocks"].append({"layer": layer, "requested_bytes": now[key]})
+        return now
+
     seen = active()
     with torch.inference_mode():
         hidden = model.get_submodule(FIRST_LINEAR)(x)
-        torch.cuda.synchronize(device)
-        after = active()
-        for key in sorted(set(after) - set(seen)):
-            if key[0] != hidden.untyped_storage().data_ptr():
-                report["blocks"].append({"layer": FIRST_LINEAR, "requested_bytes": after[key]})
+        seen = kept_by(FIRST_LINEAR, seen, hidden)
         activated = model.get_submodule("1")(hidden)  # GELU
         del hidden
         output = model.get_submodule(SECOND_LINEAR)(activated)
         del activated
-        torch.cuda.synchronize(device)
-        final = active()
-        for key in sorted(set(final) - set(after)):
-            if key[0] != output.untyped_storage().data_ptr():
-                report["blocks"].append({"layer": SECOND_LINEAR, "requested_bytes": final[key]})
+        kept_by(SECOND_LINEAR, seen, output)
         del output
     return report
 
@@ -1144,12 +1165,7 @@ def summarise(document: dict, reference: dict | None = None) -> dict:
 
 
 def environment_document(environment: dict) -> dict:
-    return {
-        "schema": ENVIRONMENT_SCHEMA,
-        "tool": TOOL,
-        "created_utc": utc_now(),
-        "environment": environment,
-    }
+    return {**document_head(ENVIRONMENT_SCHEMA, TOOL), "environment": environment}
 
 
 def refuse_outputs(named: dict[str, Path | None]) -> None:
@@ -1205,10 +1221,7 @@ def measure(args: argparse.Namespace) -> int:
     environment = EnvironmentStart(args.device).record(args, environment_output)
     import_torch()  # the exit-2 guard, before the measurement is written
     document = {
-        "schema": MEASUREMENT_SCHEMA,
-        "tool": TOOL,
-        "created_utc": utc_now(),
-        "status": "running",
+        **document_head(MEASUREMENT_SCHEMA, TOOL, "running"),
         "environment": environment,
         "configuration": {
             "device": f"cuda:{args.device}",
@@ -1246,14 +1259,7 @@ def add_configuration(group) -> None:
         "warmup": "warm-up passes (one row)",
         "repeats": "timed passes (a row each)",
     }
-    for name, default in CONFIGURATION_DEFAULTS.items():
-        help_text = f"{what[name]} (default {default})"
-        if name == "dtype":
-            group.add_argument(
-                "--dtype", choices=sorted(DTYPE_BYTES), default=default, help=help_text
-            )
-        else:
-            group.add_argument(f"--{name}", type=positive_int, default=default, help=help_text)
+    add_defaulted(group, CONFIGURATION_DEFAULTS, what, DTYPE_BYTES)
 
 
 def build_parser() -> argparse.ArgumentParser:

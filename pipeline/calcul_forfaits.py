@@ -95,29 +95,27 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(message)
 
 
+def _option_value(text, pattern, expected, convert):
+    """`convert(text)` when the whole text matches `pattern`, else one line saying why."""
+    if not re.fullmatch(pattern, text):
+        raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+    return convert(text)
+
+
 def _count(text):
     """Counts are plain digits, so '1e3', ' 7', '+2', '٣' or '0' cannot slip through int()."""
-    if not re.fullmatch(r"[1-9][0-9]{0,11}", text):
-        raise argparse.ArgumentTypeError(
-            f"must be a positive integer from 1 to 999999999999, got {text!r}"
-        )
-    return int(text)
+    expected = "a positive integer from 1 to 999999999999"
+    return _option_value(text, r"[1-9][0-9]{0,11}", expected, int)
 
 
 def _days(text):
-    if text not in ("3", "7", "30"):
-        raise argparse.ArgumentTypeError(
-            f"must be 3, 7 or 30 (whole packages only, no proration), got {text!r}"
-        )
-    return int(text)
+    expected = "3, 7 or 30 (whole packages only, no proration)"
+    return _option_value(text, r"3|7|30", expected, int)
 
 
 def _gib(text):
-    if not re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", text):
-        raise argparse.ArgumentTypeError(
-            f"must be a number of GiB such as 80 or 79.5, got {text!r}"
-        )
-    return decimal.Decimal(text)
+    expected = "a number of GiB such as 80 or 79.5"
+    return _option_value(text, r"[0-9]+(?:\.[0-9]+)?", expected, decimal.Decimal)
 
 
 def _parser():
@@ -489,9 +487,12 @@ def render_quote(q):
             f"  unit cost        {_dollars_fine(q['unit_cost_cents'])} per accepted "
             f"result ({q['accepted_results']} accepted; 0.01 cent, half to even)"
         )
-    lines.append(f"  {_source(q)}")
-    lines.append("What this price does not prove:")
-    lines += [f"  - {line}" for line in q["notice"]]
+    return _with_source_and_notice(lines, q, "What this price does not prove:")
+
+
+def _with_source_and_notice(lines, result, heading):
+    """The text's end: where the prices come from, then what they do not prove."""
+    lines += [f"  {_source(result)}", heading, *(f"  - {line}" for line in result["notice"])]
     return "\n".join(lines)
 
 
@@ -539,10 +540,7 @@ def render_comparison(result):
             right = [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
             lines.append("  " + "  ".join([left, *right]))
     lines += [f"  note: {note}" for note in notes]
-    lines.append(f"  {_source(result)}")
-    lines.append("What these prices do not prove:")
-    lines += [f"  - {line}" for line in result["notice"]]
-    return "\n".join(lines)
+    return _with_source_and_notice(lines, result, "What these prices do not prove:")
 
 
 def _one_line(message):

@@ -100,14 +100,19 @@ def test_a_core_definition_no_line_places_is_reported():
 
 def test_a_line_must_name_consecutive_definitions_all_their_names_in_order():
     own_part, core = sources()
-    line = "# from arguments: positive_int, non_negative_decimal, non_negative_int, device_index"
+    line = (
+        "# from arguments: _matched, positive_int, non_negative_decimal, non_negative_int, "
+        "device_index,\n#   add_defaulted"
+    )
     assert line in own_part
+    every = "_matched, positive_int, non_negative_decimal, non_negative_int, device_index"
     for names, problem in [
-        ("positive_int, non_negative_int, device_index", "not consecutive"),
-        ("non_negative_decimal, positive_int, non_negative_int, device_index", "in that order"),
-        ("positive_int, non_negative_decimal, non_negative_int, device_index, nowhere", "order"),
+        ("_matched, positive_int, non_negative_int, device_index, add_defaulted", "consecutive"),
+        (every.replace("positive_int, non_negative_decimal", "non_negative_decimal, positive_int")
+         + ", add_defaulted", "in that order"),
+        (f"{every}, add_defaulted, nowhere", "order"),
         ("nowhere", "not defined there"),
-    ]:
+    ]:  # fmt: skip
         changed = own_part.replace(line, f"# from arguments: {names}")
         with pytest.raises(make_kit_script.KitSourceError, match=problem):
             make_kit_script.generate(changed, core)

@@ -19,24 +19,25 @@ class UsageError(Exception):
     """A bad input or a missing prerequisite: one line on stderr, exit 2, nothing written."""
 
 
+def _matched(text: str, pattern: str, expected: str) -> str:
+    """The text when the whole of it matches `pattern`; else argparse's one-line refusal."""
+    if not re.fullmatch(pattern, text):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return text
+
+
 def positive_int(text: str) -> int:
     """Digits only: '1e9', '5.0', '+5' and '0' are refused rather than guessed at."""
-    if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
+    return int(_matched(text, r"0*[1-9][0-9]*", "a positive integer"))
 
 
 def non_negative_decimal(text: str) -> Decimal:
     """A plain decimal number >= 0 ('4', '0.5'); no exponent, sign, NaN or infinity."""
-    if not re.fullmatch(r"[0-9]{1,15}(\.[0-9]{1,15})?", text):
-        raise argparse.ArgumentTypeError(f"expected a decimal number >= 0, got {text!r}")
-    return Decimal(text)
+    return Decimal(_matched(text, r"[0-9]{1,15}(\.[0-9]{1,15})?", "a decimal number >= 0"))
 
 
 def non_negative_int(text: str) -> int:
-    if not re.fullmatch(r"[0-9]{1,18}", text):
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
+    return int(_matched(text, r"[0-9]{1,18}", "an integer >= 0"))
 
 
 def device_index(text: str) -> int:
@@ -47,3 +48,12 @@ def device_index(text: str) -> int:
             f"expected a GPU device 'cuda' or 'cuda:N' (no CPU fallback), got {text!r}"
         )
     return int(match.group(1) or 0)
+
+
+def add_defaulted(group, defaults: dict, what: dict, dtypes) -> None:
+    """One option per entry of `defaults` (name: default), its help `what[name]` with the
+    default shown: `dtype` chooses among `dtypes`, every other takes a positive integer."""
+    for name, default in defaults.items():
+        text = f"{what[name]} (default {default})" if name in what else f"(default {default})"
+        kind = {"choices": sorted(dtypes)} if name == "dtype" else {"type": positive_int}
+        group.add_argument("--" + name.replace("_", "-"), default=default, help=text, **kind)

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 from pipeline.core.arguments import UsageError
-from pipeline.core.writers import utc_now
+from pipeline.core.writers import document_head
 
 TOOL = {"name": "mesure_memoire.py", "version": "1.0.0"}
 ENVIRONMENT_SCHEMA = "urn:iteragpu-lab:schema:environment:v1"
@@ -234,9 +234,4 @@ def collect_environment(
 
 
 def environment_document(environment: dict) -> dict:
-    return {
-        "schema": ENVIRONMENT_SCHEMA,
-        "tool": TOOL,
-        "created_utc": utc_now(),
-        "environment": environment,
-    }
+    return {**document_head(ENVIRONMENT_SCHEMA, TOOL), "environment": environment}

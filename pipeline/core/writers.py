@@ -93,3 +93,12 @@ def write_result(path: Path, document: dict) -> None:
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def document_head(schema: str, tool: dict, status: str | None = None) -> dict:
+    """The fields a result file opens with, in this order: what it is, what wrote it, when,
+    and (a measurement or a prediction) how it ended."""
+    head = {"schema": schema, "tool": tool, "created_utc": utc_now()}
+    if status is not None:
+        head["status"] = status
+    return head

@@ -33,10 +33,12 @@ NOTEBOOK = Path("data/mesure-memoire.ipynb")
 # command-line-only output. Everything else at the top level is copied.
 EXCLUDED = {
     "_Parser",
+    "_matched",
     "positive_int",
     "non_negative_decimal",
     "non_negative_int",
     "device_index",
+    "add_defaulted",
     "library_block",
     "print_phase_prediction",
     "add_configuration",
@@ -250,16 +252,19 @@ def rule(name: str, default) -> str:
     raise StaleNotebook(f"measure option --{name}: no notebook rule for its default {default!r}")
 
 
+PARAMETERS_HEAD = """\
+# Step 1: the weights to estimate (no GPU).
+PARAMETERS = 7_000_000_000
+BITS = 16
+RESERVE_GIB = "4"  # GiB, your assumption, not a measured value
+
+# Steps 2 and 3: the GPU and the measured configuration.
+DEVICE = "cuda:0"  # always explicit; never the CPU
+"""
+
+
 def parameters_cell(defaults: dict) -> str:
-    lines = [
-        "# Step 1: the weights to estimate (no GPU).",
-        "PARAMETERS = 7_000_000_000",
-        "BITS = 16",
-        'RESERVE_GIB = "4"  # GiB, your assumption, not a measured value',
-        "",
-        "# Steps 2 and 3: the GPU and the measured configuration.",
-        'DEVICE = "cuda:0"  # always explicit; never the CPU',
-    ]
+    lines = PARAMETERS_HEAD.splitlines()
     for name, value in defaults.items():
         comment = COMMENTS.get(name.upper())
         text = json.dumps(value) if isinstance(value, str) else repr(value)

@@ -131,18 +131,8 @@ def shape_from_args(args: argparse.Namespace) -> tuple[Shape, str | None]:
                 f"--width {args.width} is not a multiple of --heads {args.heads}: give --head-dim"
             )
         head_dim = args.width // args.heads
-    shape = Shape(
-        layers=args.layers,
-        width=args.width,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        head_dim=head_dim,
-        ffn=args.ffn,
-        vocab=args.vocab,
-        tie_embeddings=args.tie_embeddings,
-        qkv_bias=args.qkv_bias,
-    )
-    return checked_shape(shape), None
+    names = (*SHAPE_OPTIONS, "tie_embeddings", "qkv_bias")
+    return checked_shape(Shape(head_dim=head_dim, **{n: getattr(args, n) for n in names})), None
 
 
 def cache_bytes_per_tensor(shape: Shape, batch: int, positions: int, dtype: str) -> int:
@@ -285,10 +275,7 @@ def predicted_document(
     for row, expected in zip(rows, record["phases"], strict=True):
         row["predicted"] = {key: expected[key] for key in COUNTER_KEYS}
     return {
-        "schema": SCHEMA,
-        "tool": TOOL,
-        "created_utc": writers.utc_now(),
-        "status": RunStatus.PREDICTED,
+        **writers.document_head(SCHEMA, TOOL, RunStatus.PREDICTED),
         "configuration": configuration_record(shape, preset, run, None, None),
         "model": describe_model(shape, preset, run["dtype"], None),
         "cache": describe_cache(shape, run),
@@ -522,10 +509,7 @@ def run_measurement(args, document: dict, shape: Shape, run: dict) -> int:
 def new_measurement(shape: Shape, preset, run: dict, device: str, seed: int, environment) -> dict:
     """The measurement before its rows: what ran, on what, and what each field means."""
     return {
-        "schema": SCHEMA,
-        "tool": TOOL,
-        "created_utc": writers.utc_now(),
-        "status": "running",
+        **writers.document_head(SCHEMA, TOOL, "running"),
         "environment": environment,
         "configuration": configuration_record(shape, preset, run, device, seed),
         "model": describe_model(shape, preset, run["dtype"], seed),
@@ -586,13 +570,7 @@ def add_run(parser) -> None:
         "warmup": "decode steps in the warm-up row",
         "tokens_per_row": "generated tokens per decode row",
     }
-    for name, default in RUN_DEFAULTS.items():
-        option = "--" + name.replace("_", "-")
-        text = f"{what[name]} (default {default})"
-        if name == "dtype":
-            parser.add_argument(option, choices=sorted(DTYPE_BYTES), default=default, help=text)
-        else:
-            parser.add_argument(option, type=arguments.positive_int, default=default, help=text)
+    arguments.add_defaulted(parser, RUN_DEFAULTS, what, DTYPE_BYTES)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -710,10 +710,7 @@ def measure(args, gpu: Gpu) -> int:
         )
     environment = record_environment()
     document = {
-        "schema": SCHEMA,
-        "tool": TOOL,
-        "created_utc": writers.utc_now(),
-        "status": "running",
+        **writers.document_head(SCHEMA, TOOL, "running"),
         "environment": environment,
         "configuration": configuration_record(setting, f"cuda:{args.device}"),
         "workload": None,
@@ -779,10 +776,7 @@ def estimate(args) -> int:
     if say is not None:
         say(None)
     document = {
-        "schema": SCHEMA,
-        "tool": TOOL,
-        "created_utc": writers.utc_now(),
-        "status": RunStatus.PREDICTED,
+        **writers.document_head(SCHEMA, TOOL, RunStatus.PREDICTED),
         "configuration": configuration_record(setting, trace.device),
         "workload": workload_record(setting, facts, []),
         "phase_scopes": PHASE_SCOPES,
@@ -860,13 +854,8 @@ def add_configuration(parser) -> None:
         choices=sorted(allocator_model.DTYPE_BYTES),
         help=f"(default {DEFAULTS['dtype']}; a --hf-config model: its config's dtype, if any)",
     )
-    for name in ("batch", "warmup", "repeats"):
-        parser.add_argument(
-            f"--{name}",
-            type=arguments.positive_int,
-            default=DEFAULTS[name],
-            help=f"(default {DEFAULTS[name]})",
-        )
+    counts = {name: DEFAULTS[name] for name in ("batch", "warmup", "repeats")}
+    arguments.add_defaulted(parser, counts, {}, ())
     parser.add_argument("--seed", type=arguments.non_negative_int, default=0)
     parser.add_argument(
         "--dim",

@@ -324,13 +324,11 @@ class ReduceConfig:
         self.num_threads = self.block_width * self.block_height
 
     def split_input(self, parallelism: int) -> int:
-        step = self.step_input
-        self.step_input *= parallelism
+        step, self.step_input = self.step_input, self.step_input * parallelism
         return step
 
     def split_output(self, parallelism: int) -> int:
-        step = self.step_output
-        self.step_output *= parallelism
+        step, self.step_output = self.step_output, self.step_output * parallelism
         return step
 
     def grid_x(self) -> int:

@@ -81,6 +81,26 @@ def identity_cells(run_id: str, measurement: dict) -> dict:
     }
 
 
+def kit_cells(configuration: dict, wall, *, context="", width="", repeats="", inputs=""):
+    """The kit's columns that a decoder or own-model row fills where they mean the same; the
+    seed network's own phase times stay empty."""
+    return {
+        "batch": str(configuration["batch"]),
+        "context": context,
+        "width": width,
+        "dtype": configuration["dtype"],
+        "warmup": str(configuration["warmup"]),
+        "repeats": repeats,
+        "seed": text(configuration["seed"]),
+        "model_load_wall_ns": wall("model_load"),
+        "inputs_wall_ns": inputs,
+        "cold_forward_wall_ns": "",
+        "warmup_wall_ns": wall("warmup"),
+        "warm_forward_median_wall_ns": "",
+        "warm_forward_median_event_ns": "",
+    }
+
+
 def evidence_cells(data: bytes, summary: dict, protocol_sha256: str) -> dict:
     """The columns every log has after the workload's own: the peaks, what was measured
     (the file's bytes, hashed as read) under which protocol, and the quality flags, empty."""
@@ -138,19 +158,12 @@ def build_decoder_row(run_id: str, data: bytes, measurement: dict, protocol_sha2
     differences = summary["prediction"]["by_counter"].values()
     row = {
         **identity_cells(run_id, measurement),
-        "batch": str(configuration["batch"]),
-        "context": str(configuration["prompt"] + configuration["new_tokens"]),
-        "width": str(shape["width"]),
-        "dtype": configuration["dtype"],
-        "warmup": str(configuration["warmup"]),
-        "repeats": "",
-        "seed": text(configuration["seed"]),
-        "model_load_wall_ns": wall("model_load"),
-        "inputs_wall_ns": "",
-        "cold_forward_wall_ns": "",
-        "warmup_wall_ns": wall("warmup"),
-        "warm_forward_median_wall_ns": "",
-        "warm_forward_median_event_ns": "",
+        **kit_cells(
+            configuration,
+            wall,
+            context=str(configuration["prompt"] + configuration["new_tokens"]),
+            width=str(shape["width"]),
+        ),
         **evidence_cells(data, summary, protocol_sha256),
         "workload": Kind.DECODER.value,
         "preset": configuration["preset"] or "",
@@ -183,19 +196,9 @@ def build_own_model_row(run_id: str, data: bytes, measurement: dict, protocol_sh
     parameters = workload["parameters"] or {}
     return {
         **identity_cells(run_id, measurement),
-        "batch": str(configuration["batch"]),
-        "context": "",
-        "width": "",
-        "dtype": configuration["dtype"],
-        "warmup": str(configuration["warmup"]),
-        "repeats": str(configuration["repeats"]),
-        "seed": str(configuration["seed"]),
-        "model_load_wall_ns": wall("model_load"),
-        "inputs_wall_ns": wall("inputs"),
-        "cold_forward_wall_ns": "",
-        "warmup_wall_ns": wall("warmup"),
-        "warm_forward_median_wall_ns": "",
-        "warm_forward_median_event_ns": "",
+        **kit_cells(
+            configuration, wall, repeats=str(configuration["repeats"]), inputs=wall("inputs")
+        ),
         **evidence_cells(data, summary, protocol_sha256),
         "workload": Kind.OWN.value,
         **dict.fromkeys(validate.DECODER_COLUMNS[1:], ""),

@@ -50,6 +50,7 @@ COUNTERS = {  # key: what a reader calls it
 # reserved counters are also hatched, so that the two families stay apart in grey too.
 COLOURS = ["#56B4E9", "#0072B2", "#009E73", "#E69F00", "#D55E00", "#CC79A7"]
 HATCHES = ["", "", "", "//", "//", "//"]
+GREY = "#737373"  # what is there for scale: the catalogue's lines and notes
 DPI = 110  # the pictures' resolution: a title wraps to the figure's width at it
 CHAR_PX = 9.5  # a character of a 10-point title at DPI, generously
 
@@ -307,22 +308,19 @@ def draw_catalogue(
     labels = []
     for line in shown:
         measured = line["label"].endswith("(measured)")
-        colour = "#b30000" if measured else "#737373"
+        colour = "#b30000" if measured else GREY
         axes.axhline(line["usable_bytes"] / scale, color=colour, linestyle="--", linewidth=0.9)
         labels.append((line["usable_bytes"] / scale, line["label"], colour))
     if above:  # one short line: the smallest of them, and how many there are
         smallest = min(above, key=lambda line: line["usable_bytes"])
         others = f" and {len(above) - 1} more" if len(above) > 1 else ""
-        axes.text(
-            0.01,
-            corner,
-            f"above this scale: {smallest['label']}{others}",
-            transform=axes.transAxes,
-            va="top",
-            fontsize=7.5,
-            color="#737373",
-        )
+        corner_note(axes, corner, f"above this scale: {smallest['label']}{others}", 7.5, GREY)
     return max((line["usable_bytes"] / scale for line in shown), default=0), labels
+
+
+def corner_note(axes, height: float, text: str, size: float, colour: str) -> None:
+    """A note in the axes' top-left corner, at `height` of the axes."""
+    axes.text(0.01, height, text, transform=axes.transAxes, va="top", fontsize=size, color=colour)
 
 
 def label_lines(axes, labels: list, gap: float = 0.032) -> None:
@@ -512,15 +510,8 @@ def sweep_picture(
             )
         else:  # a line at 140 GiB would flatten peaks of a few MiB: name it instead
             share = 100 * max(values) / usable
-            axes.text(
-                0.01,
-                0.98,
-                f"far above this scale: {label};\nthe largest peak here is {share:.2f}% of it",
-                transform=axes.transAxes,
-                va="top",
-                fontsize=8,
-                color="red",
-            )
+            note = f"far above this scale: {label};\nthe largest peak here is {share:.2f}% of it"
+            corner_note(axes, 0.98, note, 8, "red")
     xs = [p["configuration"][vary] for p in sweep["points"]]
     if max(xs) >= 8 * min(xs):
         axes.set_xscale("log", base=2)
@@ -539,7 +530,7 @@ def sweep_picture(
             [],
             [],
             "--",
-            color="#737373",
+            color=GREY,
             linewidth=0.9,
             label="usable by PyTorch on one GPU of a catalogue model (total - CUDA context):\n"
             "measured where runs on it exist, else the vendor figure read cautiously",

@@ -42,6 +42,7 @@ from pathlib import Path
 from pipeline.core.allocator_model import DTYPE_BYTES, AllocatorModel
 from pipeline.core.arguments import (
     UsageError,
+    add_defaulted,
     device_index,
     non_negative_decimal,
     non_negative_int,
@@ -67,7 +68,7 @@ from pipeline.core.phase_protocol import (
     spread,
 )
 from pipeline.core.run_status import RunStatus
-from pipeline.core.writers import refuse_existing, utc_now, write_result
+from pipeline.core.writers import document_head, refuse_existing, write_result
 
 # from environment_capture: TOOL, ENVIRONMENT_SCHEMA
 MEASUREMENT_SCHEMA = "urn:iteragpu-lab:schema:measurement:v2"
@@ -138,7 +139,8 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------- value parsing
 
 
-# from arguments: positive_int, non_negative_decimal, non_negative_int, device_index
+# from arguments: _matched, positive_int, non_negative_decimal, non_negative_int, device_index,
+#   add_defaulted
 
 
 # ---------------------------------------------------------------- estimate (no GPU)
@@ -208,7 +210,7 @@ def print_estimate(result: dict) -> None:
 
 
 # from writers: refuse_existing, json_bytes, write_new, link_unnamed, current_umask, write_result,
-#     utc_now
+#     utc_now, document_head
 
 
 # ---------------------------------------------------------------- prediction (no GPU)
@@ -420,23 +422,25 @@ def calibrate_library_blocks(torch, device, model, x) -> dict:
     before_clear = torch.cuda.memory_allocated(device)
     clear()
     report["cleared_bytes"] = before_clear - torch.cuda.memory_allocated(device)
+
+    def kept_by(layer: str, seen: dict, output) -> dict:
+        """The blocks that appeared with `layer` and stay, its output left out."""
+        torch.cuda.synchronize(device)
+        now = active()
+        for key in sorted(set(now) - set(seen)):
+            if key[0] != output.untyped_storage().data_ptr():
+                report["blocks"].append({"layer": layer, "requested_bytes": now[key]})
+        return now
+
     seen = active()
     with torch.inference_mode():
         hidden = model.get_submodule(FIRST_LINEAR)(x)
-        torch.cuda.synchronize(device)
-        after = active()
-        for key in sorted(set(after) - set(seen)):
-            if key[0] != hidden.untyped_storage().data_ptr():
-                report["blocks"].append({"layer": FIRST_LINEAR, "requested_bytes": after[key]})
+        seen = kept_by(FIRST_LINEAR, seen, hidden)
         activated = model.get_submodule("1")(hidden)  # GELU
         del hidden
         output = model.get_submodule(SECOND_LINEAR)(activated)
         del activated
-        torch.cuda.synchronize(device)
-        final = active()
-        for key in sorted(set(final) - set(after)):
-            if key[0] != output.untyped_storage().data_ptr():
-                report["blocks"].append({"layer": SECOND_LINEAR, "requested_bytes": final[key]})
+        kept_by(SECOND_LINEAR, seen, output)
         del output
     return report
 
@@ -624,10 +628,7 @@ def measure(args: argparse.Namespace) -> int:
     environment = EnvironmentStart(args.device).record(args, environment_output)
     import_torch()  # the exit-2 guard, before the measurement is written
     document = {
-        "schema": MEASUREMENT_SCHEMA,
-        "tool": TOOL,
-        "created_utc": utc_now(),
-        "status": "running",
+        **document_head(MEASUREMENT_SCHEMA, TOOL, "running"),
         "environment": environment,
         "configuration": {
             "device": f"cuda:{args.device}",
@@ -665,14 +666,7 @@ def add_configuration(group) -> None:
         "warmup": "warm-up passes (one row)",
         "repeats": "timed passes (a row each)",
     }
-    for name, default in CONFIGURATION_DEFAULTS.items():
-        help_text = f"{what[name]} (default {default})"
-        if name == "dtype":
-            group.add_argument(
-                "--dtype", choices=sorted(DTYPE_BYTES), default=default, help=help_text
-            )
-        else:
-            group.add_argument(f"--{name}", type=positive_int, default=default, help=help_text)
+    add_defaulted(group, CONFIGURATION_DEFAULTS, what, DTYPE_BYTES)
 
 
 def build_parser() -> argparse.ArgumentParser:
