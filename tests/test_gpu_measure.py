@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PIPELINE, run_script
+from conftest import ROOT, run_script
 
 from kit import mesure_memoire
 from pipeline.artefacts import validate
@@ -174,7 +174,7 @@ def test_a_model_the_host_cannot_build_is_one_line_exit_2_not_a_traceback(tmp_pa
         [sys.executable, "-c", code, *argv],
         capture_output=True,
         text=True,
-        cwd=PIPELINE,
+        cwd=ROOT / "kit",
         timeout=300,
     )
     assert result.returncode == 2, result.stderr
