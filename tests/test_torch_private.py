@@ -322,6 +322,14 @@ def test_storage_expired_says_when_the_last_reference_went():
     assert expired(ref.cdata)
 
 
+def test_storage_key_is_the_weak_refs_key_whichever_tensor_holds_the_storage():
+    x = torch.empty(4)
+    key = tpv.storage_key(x.untyped_storage())
+    assert key == tpv.StorageWeakRef(x.untyped_storage()).cdata
+    assert tpv.storage_key(x[1:].untyped_storage()) == key
+    assert tpv.storage_key(torch.empty(4).untyped_storage()) != key
+
+
 def test_storage_use_count_is_two_for_a_tensor_alone_and_more_with_a_view():
     x = torch.ones(8)
     storage = x.untyped_storage()

@@ -107,8 +107,8 @@ def forget_converted_tensors(fake_mode) -> None:
     """Empties the fake mode's memo of converted tensors: its weak references would stop
     nn.Module.to()'s swaps."""
     memo = getattr(fake_mode.fake_tensor_converter, "meta_converter", None)
-    if memo is not None:
-        memo.tensor_memo.clear()
+    if memo is not None and len(memo.tensor_memo):  # mostly empty: clear() would pop till
+        memo.tensor_memo.clear()  # KeyError, at every operator call
 
 
 # The fields of the fake mode's TensorMetadata, in order, as quicker_cache_keys fills them.
@@ -131,6 +131,7 @@ def quicker_cache_keys(torch):
     holds the same items in the same order. Outside the versions read (check_version), or
     where a function is missing, nothing is changed."""
     import dataclasses
+    import operator
 
     from torch._subclasses import fake_tensor
 
@@ -175,22 +176,30 @@ def quicker_cache_keys(torch):
             None,
         )
 
+    fields = operator.attrgetter(*names)
+    # Types appended as they are by the original (neither a sequence nor a SymInt).
+    plain = frozenset({bool, int, type(None), torch.dtype, torch.device, torch.layout,
+                       torch.memory_format})  # fmt: skip
+
     def _flatten_into(self, result, mode, state) -> None:
-        for name in names:
-            value = getattr(self, name)
-            if isinstance(value, sequences):
+        append = result.append
+        for value in fields(self):
+            kind = type(value)
+            if kind in plain:
+                append(value)
+            elif isinstance(value, sequences):
                 if all(type(item) is int for item in value):
-                    result.append(type(value))
-                    result.append(f"length_{len(value)}")
+                    append(kind)
+                    append(f"length_{len(value)}")
                     for item in value:
-                        result.append(int)
-                        result.append(item)
+                        append(int)
+                        append(item)
                 else:
                     mode._prep_args_for_hash(result, value, state, [])
             elif isinstance(value, SymInt):
                 state.convert_sym_int(result, value)
             else:
-                result.append(value)
+                append(value)
 
     metadata._flatten_into = _flatten_into
     fake_tensor.extract_tensor_metadata = extract_tensor_metadata
@@ -263,6 +272,12 @@ def storage_expired(torch):
     """The test `key -> bool`: has the storage of this weak pointer (StorageWeakRef.cdata)
     gone? The recorder's frees."""
     return torch.UntypedStorage._expired
+
+
+def storage_key(storage) -> int:
+    """StorageWeakRef(storage).cdata, the storage's own pointer, without making and dropping a
+    weak reference: the recorder asks whether it knows a storage at every tensor argument."""
+    return storage._cdata
 
 
 def storage_use_count(torch, storage) -> int:

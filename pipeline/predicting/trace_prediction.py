@@ -1006,6 +1006,8 @@ def make_recorder(torch):
             self.keys: dict = {}  # a signature's text -> signature_id(text)
             self.described: dict = {}  # dtype or device -> its part of a description
             self.written: dict = {}  # written_into_out's answers, by shapes and dtypes
+            if self.target.type == "meta":  # on_target, in one step (asked a million times)
+                self.on_target = lambda tensor: tensor.device.type == "meta"
 
         def on_target(self, tensor) -> bool:
             device = tensor.device
@@ -1083,7 +1085,7 @@ def make_recorder(torch):
                 args, kwargs = self.host_tensors_faked(args, kwargs)
             if facts.pointwise_out and self.written_into_out(func, args, kwargs):
                 out = kwargs["out"]  # what the fake kernel returns, without its slow path
-                self.record(func, args, kwargs, out)
+                self.record(func, args, kwargs, out, facts)
                 return out
             condition = facts.decomposed  # decomposed(), its call-independent part kept
             if condition is True or (condition and condition(args, kwargs)):
@@ -1100,7 +1102,7 @@ def make_recorder(torch):
                         raise
                     out = func(*made[0], **made[1])
             torch_private.forget_converted_tensors(self.tracer.fake)
-            self.record(func, args, kwargs, out)
+            self.record(func, args, kwargs, out, facts)
             return out
 
         def written_into_out(self, func, args, kwargs) -> bool:
@@ -1142,8 +1144,9 @@ def make_recorder(torch):
             back (ConvNeXt's, Swin's, BEiT's stochastic depth: `torch.linspace(..., device=
             "cpu").tolist()`) are traced on, where a fake tensor has no value to give."""
             FakeTensor = torch_private.FakeTensor
-            if any(isinstance(x, FakeTensor) for x in args):
-                return False  # the common case, told at once
+            for x in args:
+                if isinstance(x, FakeTensor):
+                    return False  # the common case, told at once
             device = kwargs.get("device")
             if device is not None and torch.device(device).type != "cpu":
                 return False
@@ -1244,14 +1247,14 @@ def make_recorder(torch):
             workspaces, are not the caller's."""
             return AUTOGRAD if torch_private.autograd_node_running(torch) else CALLER
 
-        def record(self, func, args, kwargs, out) -> None:
-            facts = self.operators.get(func) or self.facts(func)
+        def record(self, func, args, kwargs, out, facts: OperatorFacts | None = None) -> None:
+            facts = facts or self.facts(func)
             leaves, shape = flatten((args, kwargs))
             inputs = [x for x in leaves if isinstance(x, Tensor)]
             flat = flatten(out)[0]
             tensors = [x for x in flat if isinstance(x, Tensor)]
             on_target = self.on_target
-            if not any(on_target(t) for t in inputs + tensors):
+            if not (any(map(on_target, inputs)) or any(map(on_target, tensors))):
                 return  # host-only work: no device memory
             if not tensors and not facts.mutable:
                 return  # metadata (prim.device, sizes, a kernel choice): nothing allocated
@@ -1386,7 +1389,7 @@ def make_recorder(torch):
             if not self.on_target(tensor):
                 return
             storage = tensor.untyped_storage()
-            if StorageWeakRef(storage).cdata in self.live:
+            if torch_private.storage_key(storage) in self.live:
                 return
             sid, nbytes = self.track(tensor)
             self.events.append(("unseen", sid, nbytes))
@@ -1435,10 +1438,17 @@ def make_flatten(torch):
             return None
         if found != "node":
             raise Other
+        children = tree.values() if cls is dict else tree
+        shapes = []
+        for child in children:  # a leaf told here, without a call (most children are)
+            if (kinds.get(type(child)) or kind(type(child))) == "leaf":
+                leaves.append(child)
+                shapes.append(None)
+            else:
+                shapes.append(walk(child, leaves))
         if cls is dict:  # pytree's context: the keys, in order (typed: 1 and True differ)
-            keys = tuple((type(key), key) for key in tree)
-            return cls, keys, tuple([walk(child, leaves) for child in tree.values()])
-        return cls, tuple([walk(child, leaves) for child in tree])
+            return cls, tuple((type(key), key) for key in tree), tuple(shapes)
+        return cls, tuple(shapes)
 
     def flatten(tree) -> tuple:
         leaves: list = []
@@ -1946,7 +1956,8 @@ def address_order_spread(
     (IndexedAllocator), every other order makes the same choices: zero, without replaying."""
     spread = dict.fromkeys(phase_protocol.COUNTER_KEYS, 0)
     orders = range(len(OTHER_ADDRESS_ORDERS)) if address_choice else ()
-    for other in side_by_side(partial_replay, (trace, calibration), orders):
+    forked = len(trace.events) >= FORKED_REPLAYS
+    for other in side_by_side(partial_replay, (trace, calibration), orders, forked):
         for row, alternative in zip(rows, other, strict=True):
             for key in spread:
                 spread[key] = max(spread[key], abs(alternative[key] - row[key]))
@@ -1957,6 +1968,11 @@ def partial_replay(trace: Trace, calibration, order: int) -> list[dict]:
     """The rows of the replay under OTHER_ADDRESS_ORDERS[order], without its log."""
     return replay(trace, calibration, OTHER_ADDRESS_ORDERS[order](), logged=False)[0]
 
+
+# Events from which the other orders' replays go to forked workers: below, a replay takes
+# about as long as forking a process (a 1B-class decoder's 16 tokens make 20,000 events; the
+# 8B-class estimate's 128 tokens, hundreds of thousands).
+FORKED_REPLAYS = 50_000
 
 # What side_by_side's forked workers read: set just before they are forked, so that they
 # inherit it instead of receiving the trace (hundreds of thousands of events) by pickle.
@@ -1975,16 +1991,16 @@ def usable_cpus() -> int:
         return 1
 
 
-def side_by_side(function, arguments: tuple, items) -> list:
+def side_by_side(function, arguments: tuple, items, forked: bool = True) -> list:
     """[function(*arguments, item) for item in items], in that order, computed by workers
     forked from this process where it may fork and more than one CPU is usable: the
     replays are independent, pure Python and each as long as the central one. Elsewhere,
-    or for fewer than two items, one after the other here."""
+    not `forked`, or for fewer than two items, one after the other here."""
     global _SHARED
     import multiprocessing
 
     items = list(items)
-    workers = min(usable_cpus(), len(items))
+    workers = min(usable_cpus(), len(items)) if forked else 1
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [function(*arguments, item) for item in items]
     _SHARED = (function, arguments)
