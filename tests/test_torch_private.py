@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import dataclasses
 import importlib
 import subprocess
 import sys
@@ -197,6 +198,78 @@ def test_forget_converted_tensors_empties_the_fake_modes_memo():
     assert isinstance(converted, tpv.FakeTensor)
 
 
+def cache_key_items(mode, args) -> list:
+    """The items of the fake mode's dispatch cache key for aten.add on these arguments."""
+    from torch._subclasses.fake_tensor import _CacheKeyState
+
+    state = _CacheKeyState(mode.shape_env)
+    return list(mode._cache_key(state, aten.add.Tensor, args, {}).key)
+
+
+def test_quicker_cache_keys_make_the_same_keys_and_undo():
+    from torch._subclasses import fake_tensor
+    from torch._subclasses.fake_tensor import TensorMetadata
+
+    original = TensorMetadata._flatten_into
+    mode = tpv.FakeTensorMode()
+    with mode:
+        x = torch.empty(3, 4, 5, dtype=torch.bfloat16)
+        calls = [
+            (x, x),
+            (x.transpose(0, 2), 2.0),
+            (x[1:, ::2], torch.empty(1, 1, dtype=torch.float32)),
+            (torch.empty(()), torch.empty(0, 7, device="meta")),
+        ]
+    tensors = [
+        *(x for args in calls for x in args if isinstance(x, torch.Tensor)),
+        torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        torch.empty(2, 3).t(),
+        torch.eye(3).to_sparse(),
+    ]
+    extract = fake_tensor.extract_tensor_metadata
+    before = [cache_key_items(mode, args) for args in calls]
+    metadata_before = [extract(x) for x in tensors]
+    undo = tpv.quicker_cache_keys(torch)
+    try:
+        assert TensorMetadata._flatten_into is not original
+        assert fake_tensor.extract_tensor_metadata is not extract
+        after = [cache_key_items(mode, args) for args in calls]
+        metadata_after = [fake_tensor.extract_tensor_metadata(x) for x in tensors]
+    finally:
+        undo()
+    assert TensorMetadata._flatten_into is original
+    assert fake_tensor.extract_tensor_metadata is extract
+    assert metadata_after == metadata_before
+    assert [m.memory_format for m in metadata_after[-3:]] == [torch.channels_last, None, None]
+    fields = tuple(field.name for field in dataclasses.fields(TensorMetadata))
+    assert fields == tpv.TENSOR_METADATA  # else the patch stands aside: the trace is slower
+    assert [[(type(v), v) for v in key] for key in after] == [
+        [(type(v), v) for v in key] for key in before
+    ]
+    # The original way where a shape holds anything but plain ints.
+    fast = []
+    metadata = TensorMetadata(torch.float32, (2, True), [3], *[None] * 14)
+    undo = tpv.quicker_cache_keys(torch)
+    try:
+        metadata._flatten_into(fast, mode, None)
+    finally:
+        undo()
+    slow = []
+    metadata._flatten_into(slow, mode, None)
+    assert [(type(v), v) for v in fast] == [(type(v), v) for v in slow]
+
+
+def test_quicker_cache_keys_change_nothing_outside_the_versions_read():
+    from torch._subclasses.fake_tensor import TensorMetadata
+
+    original = TensorMetadata._flatten_into
+    old = types.SimpleNamespace(__version__="2.9.0", Size=torch.Size, SymInt=torch.SymInt)
+    undo = tpv.quicker_cache_keys(old)
+    assert TensorMetadata._flatten_into is original
+    undo()
+    assert TensorMetadata._flatten_into is original
+
+
 def test_add_foreach_type_lets_the_optimizers_take_foreach_for_it_and_undoes():
     from torch.optim import optimizer
 
@@ -247,6 +320,14 @@ def test_storage_expired_says_when_the_last_reference_went():
     assert not expired(ref.cdata)  # the view holds the storage
     del view
     assert expired(ref.cdata)
+
+
+def test_storage_key_is_the_weak_refs_key_whichever_tensor_holds_the_storage():
+    x = torch.empty(4)
+    key = tpv.storage_key(x.untyped_storage())
+    assert key == tpv.StorageWeakRef(x.untyped_storage()).cdata
+    assert tpv.storage_key(x[1:].untyped_storage()) == key
+    assert tpv.storage_key(torch.empty(4).untyped_storage()) != key
 
 
 def test_storage_use_count_is_two_for_a_tensor_alone_and_more_with_a_view():

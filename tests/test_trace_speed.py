@@ -263,3 +263,43 @@ def test_each_call_replays_its_own_signatures_template():
         "aten.mm.default", "aten.mm.default scratch", "aten.mm.default",
         "aten.mm.default", "aten.mm.default scratch", "aten.mm.default",
     ]  # fmt: skip
+
+
+def choice_trace() -> tp.Trace:
+    """Two full segments, a block of each freed, then asked for again: the replay chooses
+    between segments, so predict() replays every other order of their addresses."""
+    trace = tp.Trace(device="meta", build="cpu-only", torch_version="")
+    sizes = [4 * MIB, 16 * MIB, 4 * MIB, 16 * MIB]
+    trace.events.append(("start", "one", None, 1))
+    trace.events += [("unseen", sid, nbytes) for sid, nbytes in enumerate(sizes)]
+    trace.events += [("free", 0), ("free", 2), ("unseen", 4, 4 * MIB), ("unseen", 5, 3 * MIB)]
+    trace.events.append(("end",))
+    return trace
+
+
+def test_side_by_side_gives_each_result_in_order_forked_or_not(monkeypatch):
+    monkeypatch.setattr(tp, "usable_cpus", lambda: 2)
+    serial = tp.side_by_side(lambda base, n: (base, n * n), ("x",), range(7), forked=False)
+    assert serial == [("x", n * n) for n in range(7)]
+    assert tp.side_by_side(lambda base, n: (base, n * n), ("x",), range(7)) == serial
+    assert tp._SHARED == ()
+
+
+def test_predict_with_the_other_orders_replayed_in_workers_is_the_serial_prediction(
+    monkeypatch,
+):
+    trace = choice_trace()
+    monkeypatch.setattr(tp, "FORKED_REPLAYS", 10**9)
+    serial = tp.prediction_record(trace, tp.predict(trace), None)
+    workers = []
+    original = tp.side_by_side
+
+    def watched(function, arguments, items, forked=True):
+        workers.append((forked, len(items)))
+        return original(function, arguments, items, forked)
+
+    monkeypatch.setattr(tp, "FORKED_REPLAYS", 0)
+    monkeypatch.setattr(tp, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(tp, "side_by_side", watched)
+    assert tp.prediction_record(trace, tp.predict(trace), None) == serial
+    assert workers == [(True, len(tp.OTHER_ADDRESS_ORDERS))]  # a choice: every order replayed

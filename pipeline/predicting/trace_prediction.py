@@ -514,6 +514,7 @@ class Tracer:
                 self._patch_swap()
                 self._patch_deepcopy()
                 self._patch_fast_paths()
+                self._undo.append(torch_private.quicker_cache_keys(self.torch))
                 if self.target is not None and self.target.cudnn() is not None:
                     self._undo.append(cudnn_rnn.add_fake_kernels(self.torch))
                     self._patch_rnn_flatten()
@@ -662,10 +663,14 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
         torch.nn.functional.batch_norm: F_BATCH_NORM_PARAMETERS,
         torch.batch_norm: BATCH_NORM_PARAMETERS,
     }
+    # Every function the branches below look at: any other runs as it comes, at once.
+    special = {sdpa, *functions, *from_data, *recurrent, *dropouts, *batch_norms}
 
     class ChoiceNotes(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func not in special:
+                return func(*args, **kwargs)
             if func is sdpa and target is not None:
                 return sdpa_as_on_gpu(torch, trace, target, func, args, kwargs)
             if func in recurrent and target is not None and target.cudnn() is not None:
@@ -947,6 +952,21 @@ def decomposed(torch, func, args, kwargs) -> bool:
     return condition is None or condition(args, kwargs)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class OperatorFacts:
+    """What the recorder asks of an operator at every call, answered once per operator: an
+    8B-class trace makes a few hundred thousand calls of a few dozen operators."""
+
+    name: str  # str(func): "aten.addmm.default"
+    prim: bool  # namespace "prim"
+    pointwise_out: bool  # one of the `out=` products written_into_out may skip
+    decomposed: object  # False, True, or the condition on (args, kwargs): see decomposed()
+    seeded: bool  # random, and not cuDNN's RNN (which has a fake kernel)
+    mutable: bool  # its schema writes into an argument
+    view: bool
+    in_place_candidate: bool  # in IN_PLACE_CANDIDATES
+
+
 # How the recorder learns that a storage's last reference went: "callback", a weak reference
 # to the storage's Python object, which PyTorch keeps as long as the storage lives and drops
 # with it; "scan", every live storage asked at every operator (quadratic in the trace's
@@ -966,6 +986,7 @@ def make_recorder(torch):
     aten = torch.ops.aten
     POINTWISE_OUT = {aten.mul.out, aten.add.out, aten.sub.out}
     RNN = torch_private.cudnn_rnn_operators(torch)[0]  # seeded (dropout); cudnn_rnn's fake kernel
+    Tensor = torch.Tensor
 
     class Recorder(TorchDispatchMode):
         def __init__(self, tracer: Tracer) -> None:
@@ -981,6 +1002,12 @@ def make_recorder(torch):
             self.ids = itertools.count()
             self.target = torch.device(tracer.trace.device)
             self.pending_in_place: tuple | None = None  # (OpCall, its first argument's storage id)
+            self.operators: dict = {}  # OpOverload -> OperatorFacts
+            self.keys: dict = {}  # a signature's text -> signature_id(text)
+            self.described: dict = {}  # dtype or device -> its part of a description
+            self.written: dict = {}  # written_into_out's answers, by shapes and dtypes
+            if self.target.type == "meta":  # on_target, in one step (asked a million times)
+                self.on_target = lambda tensor: tensor.device.type == "meta"
 
         def on_target(self, tensor) -> bool:
             device = tensor.device
@@ -988,8 +1015,31 @@ def make_recorder(torch):
                 return device.type == "meta"
             return device.type == self.target.type and device.index == self.target.index
 
+        def facts(self, func) -> OperatorFacts:
+            """What the recorder asks of an operator at each of its calls, asked once."""
+            found = self.operators.get(func)
+            if found is None:
+                schema = torch_private.schema_of(func)
+                name = str(func)
+                composite = schema.name in DECOMPOSED and torch_private.has_composite_kernel(
+                    torch, func
+                )
+                found = self.operators[func] = OperatorFacts(
+                    name=name,
+                    prim=func.namespace == "prim",
+                    pointwise_out=func in POINTWISE_OUT,
+                    decomposed=(DECOMPOSED[schema.name] or True) if composite else False,
+                    seeded=seeded in func.tags and func is not RNN,
+                    mutable=schema.is_mutable,
+                    view=bool(func.is_view),
+                    in_place_candidate=name in IN_PLACE_CANDIDATES,
+                )
+            return found
+
         def poll(self) -> None:
             """Storages whose last reference went since the last operator: freed, now."""
+            if not (self.reported or self.suspects or self.scan or self.pending_in_place):
+                return  # nothing reported, nothing pending: most operators' case
             expired = torch_private.storage_expired(torch)
             if self.scan:
                 dead = [key for key in self.live if expired(key)]
@@ -1025,21 +1075,23 @@ def make_recorder(torch):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if func.namespace != "prim":  # prim.device is asked inside other operators' calls
+            facts = self.operators.get(func) or self.facts(func)
+            if not facts.prim:  # prim.device is asked inside other operators' calls
                 self.poll()
             if not self.tracer.real:
                 if self.on_host(args, kwargs):
                     with torch_private.unset_fake_temporarily():
                         return func(*args, **kwargs)
                 args, kwargs = self.host_tensors_faked(args, kwargs)
-            if func in POINTWISE_OUT and self.written_into_out(func, args, kwargs):
+            if facts.pointwise_out and self.written_into_out(func, args, kwargs):
                 out = kwargs["out"]  # what the fake kernel returns, without its slow path
-                self.record(func, args, kwargs, out)
+                self.record(func, args, kwargs, out, facts)
                 return out
-            if decomposed(torch, func, args, kwargs):
+            condition = facts.decomposed  # decomposed(), its call-independent part kept
+            if condition is True or (condition and condition(args, kwargs)):
                 with self:
                     return torch_private.composite_function(torch, func, args, kwargs)
-            if seeded in func.tags and not self.tracer.real and func is not RNN:
+            if facts.seeded and not self.tracer.real:
                 out = self.seeded(func, args, kwargs)
             else:
                 try:
@@ -1050,7 +1102,7 @@ def make_recorder(torch):
                         raise
                     out = func(*made[0], **made[1])
             torch_private.forget_converted_tensors(self.tracer.fake)
-            self.record(func, args, kwargs, out)
+            self.record(func, args, kwargs, out, facts)
             return out
 
         def written_into_out(self, func, args, kwargs) -> bool:
@@ -1067,10 +1119,23 @@ def make_recorder(torch):
             tensors = [x for x in args if isinstance(x, torch.Tensor)]
             if any(not isinstance(x, FakeTensor) or x.device != out.device for x in tensors):
                 return False
+            # The answer depends on the shapes and dtypes alone where both arguments are
+            # tensors of at least one dimension (a zero-dimensional one may be a wrapped
+            # number, which promotes otherwise): asked once per such combination.
+            key = None
+            if len(tensors) == 2 and all(x.dim() for x in tensors):
+                key = tuple((tuple(x.shape), x.dtype) for x in (*tensors, out))
+                known = self.written.get(key)
+                if known is not None:
+                    return known
             shape = torch.broadcast_shapes(*(x.shape for x in tensors))
             if tuple(out.shape) != tuple(shape):
-                return False  # resized: the fake kernel says how
-            return torch.can_cast(torch.result_type(*args), out.dtype)
+                answer = False  # resized: the fake kernel says how
+            else:
+                answer = torch.can_cast(torch.result_type(*args), out.dtype)
+            if key is not None:
+                self.written[key] = answer
+            return answer
 
         def on_host(self, args, kwargs) -> bool:
             """Whether a GPU run computes this call on the CPU, for real: every tensor argument
@@ -1079,8 +1144,9 @@ def make_recorder(torch):
             back (ConvNeXt's, Swin's, BEiT's stochastic depth: `torch.linspace(..., device=
             "cpu").tolist()`) are traced on, where a fake tensor has no value to give."""
             FakeTensor = torch_private.FakeTensor
-            if any(isinstance(x, FakeTensor) for x in args):
-                return False  # the common case, told at once
+            for x in args:
+                if isinstance(x, FakeTensor):
+                    return False  # the common case, told at once
             device = kwargs.get("device")
             if device is not None and torch.device(device).type != "cpu":
                 return False
@@ -1100,7 +1166,10 @@ def make_recorder(torch):
             def real(x) -> bool:
                 return isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor)
 
-            if not any(map(real, args)) and not any(map(real, kwargs.values())):
+            for x in (*args, *kwargs.values()):  # not any(map(real, ...)), without a call each
+                if isinstance(x, Tensor) and not isinstance(x, FakeTensor):
+                    break
+            else:
                 return args, kwargs
             fake = self.tracer.fake.from_tensor
             return tree_map(lambda x: fake(x) if real(x) and x.device.type == "cpu" else x,
@@ -1178,22 +1247,23 @@ def make_recorder(torch):
             workspaces, are not the caller's."""
             return AUTOGRAD if torch_private.autograd_node_running(torch) else CALLER
 
-        def record(self, func, args, kwargs, out) -> None:
+        def record(self, func, args, kwargs, out, facts: OperatorFacts | None = None) -> None:
+            facts = facts or self.facts(func)
             leaves, shape = flatten((args, kwargs))
-            inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
+            inputs = [x for x in leaves if isinstance(x, Tensor)]
             flat = flatten(out)[0]
-            tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-            mutable = torch_private.schema_of(func).is_mutable
-            if not any(self.on_target(t) for t in inputs + tensors):
+            tensors = [x for x in flat if isinstance(x, Tensor)]
+            on_target = self.on_target
+            if not (any(map(on_target, inputs)) or any(map(on_target, tensors))):
                 return  # host-only work: no device memory
-            if not tensors and not mutable:
+            if not tensors and not facts.mutable:
                 return  # metadata (prim.device, sizes, a kernel choice): nothing allocated
-            name = str(func)
+            name = facts.name
             for tensor in inputs:
                 self.unseen(tensor, name)
             outputs = []
             for index, tensor in enumerate(flat):
-                if isinstance(tensor, torch.Tensor) and self.on_target(tensor):
+                if isinstance(tensor, Tensor) and on_target(tensor):
                     new = self.track(tensor)
                     if new is not None:
                         outputs.append((index, *new))
@@ -1203,20 +1273,44 @@ def make_recorder(torch):
                 spec_text = str(spec)
                 if shape is not None:
                     self.specs[shape] = spec, spec_text
-            described = [describe(torch, x, self.target) for x in leaves]
+            described = [self.describe(x) for x in leaves]
             text = f"{name}|{described!r}|{spec_text}"
-            key = signature_id(text)
+            key = self.keys.get(text)
+            if key is None:
+                key = self.keys[text] = signature_id(text)
             signatures = self.tracer.trace.signatures
             entry = signatures.get(key)
             if entry is None:
                 # A view, or an operator that only returns its inputs' storages: no kernel.
-                alias = bool(func.is_view) or (not mutable and not outputs)
+                alias = facts.view or (not facts.mutable and not outputs)
                 entry = signatures[key] = Signature(name, func, described, spec, view=alias)
             entry.calls += 1
             op = OpCall(name, self.role(), key, tuple(outputs))
             self.events.append(("op", op))
-            if name in IN_PLACE_CANDIDATES and len(outputs) == 1 and outputs[0][0] == 0:
+            if facts.in_place_candidate and len(outputs) == 1 and outputs[0][0] == 0:
                 self.in_place_in_a_real_run(op, args)
+
+        def describe(self, x):
+            """describe(torch, x, self.target), a tensor's dtype and device worded once."""
+            if type(x) is not FakeTensor:
+                return describe(torch, x, self.target)
+            known = self.described
+            dtype, device = x.dtype, x.device
+            worded = known.get(dtype)
+            if worded is None:
+                worded = known[dtype] = describe(torch, dtype, self.target)[1]
+            where = known.get(device)
+            if where is None:
+                where = known[device] = describe(torch, device, self.target)[1]
+            return (
+                "tensor",
+                worded,
+                tuple(x.shape),
+                tuple(x.stride()),
+                x.storage_offset(),
+                x.untyped_storage().nbytes(),
+                where,
+            )
 
         def in_place_in_a_real_run(self, op: OpCall, args) -> None:
             """A call that a real run makes in place (IN_PLACE_IN_A_REAL_RUN) shares its first
@@ -1295,7 +1389,7 @@ def make_recorder(torch):
             if not self.on_target(tensor):
                 return
             storage = tensor.untyped_storage()
-            if StorageWeakRef(storage).cdata in self.live:
+            if torch_private.storage_key(storage) in self.live:
                 return
             sid, nbytes = self.track(tensor)
             self.events.append(("unseen", sid, nbytes))
@@ -1344,10 +1438,17 @@ def make_flatten(torch):
             return None
         if found != "node":
             raise Other
+        children = tree.values() if cls is dict else tree
+        shapes = []
+        for child in children:  # a leaf told here, without a call (most children are)
+            if (kinds.get(type(child)) or kind(type(child))) == "leaf":
+                leaves.append(child)
+                shapes.append(None)
+            else:
+                shapes.append(walk(child, leaves))
         if cls is dict:  # pytree's context: the keys, in order (typed: 1 and True differ)
-            keys = tuple((type(key), key) for key in tree)
-            return cls, keys, tuple([walk(child, leaves) for child in tree.values()])
-        return cls, tuple([walk(child, leaves) for child in tree])
+            return cls, tuple((type(key), key) for key in tree), tuple(shapes)
+        return cls, tuple(shapes)
 
     def flatten(tree) -> tuple:
         leaves: list = []
@@ -1854,12 +1955,60 @@ def address_order_spread(
     does not matter to this workload. Without an `address_choice` in the replay of `rows`
     (IndexedAllocator), every other order makes the same choices: zero, without replaying."""
     spread = dict.fromkeys(phase_protocol.COUNTER_KEYS, 0)
-    for order in OTHER_ADDRESS_ORDERS if address_choice else ():
-        other = replay(trace, calibration, order())[0]
+    orders = range(len(OTHER_ADDRESS_ORDERS)) if address_choice else ()
+    forked = len(trace.events) >= FORKED_REPLAYS
+    for other in side_by_side(partial_replay, (trace, calibration), orders, forked):
         for row, alternative in zip(rows, other, strict=True):
             for key in spread:
                 spread[key] = max(spread[key], abs(alternative[key] - row[key]))
     return spread
+
+
+def partial_replay(trace: Trace, calibration, order: int) -> list[dict]:
+    """The rows of the replay under OTHER_ADDRESS_ORDERS[order], without its log."""
+    return replay(trace, calibration, OTHER_ADDRESS_ORDERS[order](), logged=False)[0]
+
+
+# Events from which the other orders' replays go to forked workers: below, a replay takes
+# about as long as forking a process (a 1B-class decoder's 16 tokens make 20,000 events; the
+# 8B-class estimate's 128 tokens, hundreds of thousands).
+FORKED_REPLAYS = 50_000
+
+# What side_by_side's forked workers read: set just before they are forked, so that they
+# inherit it instead of receiving the trace (hundreds of thousands of events) by pickle.
+_SHARED: tuple = ()
+
+
+def _shared_call(item):
+    function, arguments = _SHARED
+    return function(*arguments, item)
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        return 1
+
+
+def side_by_side(function, arguments: tuple, items, forked: bool = True) -> list:
+    """[function(*arguments, item) for item in items], in that order, computed by workers
+    forked from this process where it may fork and more than one CPU is usable: the
+    replays are independent, pure Python and each as long as the central one. Elsewhere,
+    not `forked`, or for fewer than two items, one after the other here."""
+    global _SHARED
+    import multiprocessing
+
+    items = list(items)
+    workers = min(usable_cpus(), len(items)) if forked else 1
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [function(*arguments, item) for item in items]
+    _SHARED = (function, arguments)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            return pool.map(_shared_call, items, chunksize=1)
+    finally:
+        _SHARED = ()
 
 
 def address_order_why(spread: dict) -> str:
@@ -1991,11 +2140,13 @@ def replay(
     segment_rank=None,
     scenario=None,
     allocator: IndexedAllocator | None = None,
+    logged: bool = True,
 ):
     """Returns (rows, log, mismatches, whether autograd's thread used kept blocks); with
     `segment_rank`, under that order of the segments' addresses (RankedSegments); with
     `scenario` (Scenario), the least or the most the unknowns can take (`bounds`). An
-    `allocator` given (a fresh one) is the one replayed through, for its `address_choice`."""
+    `allocator` given (a fresh one) is the one replayed through, for its `address_choice`.
+    Not `logged`: the log stays empty (the replays whose rows alone are read)."""
     if allocator is None:
         allocator = DriverOrder() if segment_rank is None else RankedSegments(segment_rank)
     blocks: dict = {}  # storage id -> block
@@ -2014,14 +2165,17 @@ def replay(
     row: dict = {}
     templates: dict = {}  # signature -> its template: a pattern's lookup is not free
 
+    allocate, deallocate = allocator.malloc, allocator.free
+
     def malloc(nbytes: int, what: str):
-        log.append(("alloc", nbytes, what))
-        return allocator.malloc(nbytes)
+        if logged:
+            log.append(("alloc", nbytes, what))
+        return allocate(nbytes)
 
     def free(block, nbytes: int, what: str) -> None:
-        if block is not None:
+        if logged and block is not None:
             log.append(("free", nbytes, what))
-        allocator.free(block)
+        deallocate(block)
 
     sharing: dict = {}  # id of a (block, bytes) entry -> storages that share it, where several
 
@@ -2080,6 +2234,10 @@ def replay(
             uncertain = scenario is not None and op.signature in scenario.uncertain
             if uncertain and template is not None and not scenario.upper:
                 template = [step for step in template if step[0] == "output"]
+            if template is None and not uncertain:  # outputs only, by index (`record`'s order)
+                for _, sid, nbytes in sorted(op.outputs):
+                    blocks[sid] = (malloc(nbytes, op.name), nbytes)
+                continue
             pending = {index: (sid, nbytes) for index, sid, nbytes in op.outputs}
             scratch: dict = {}
             seen_sizes: dict = {}
@@ -2277,8 +2435,10 @@ def bounds(trace: Trace, calibration, rows: list, spread: dict, unknown: list):
         )
     uncertain = uncertain_calls(trace, calibration)
     floor = DriverOrder()
-    least = replay(trace, calibration, scenario=Scenario(False, uncertain), allocator=floor)[0]
-    most = replay(trace, calibration, scenario=Scenario(True, uncertain))[0]
+    least = replay(
+        trace, calibration, scenario=Scenario(False, uncertain), allocator=floor, logged=False
+    )[0]
+    most = replay(trace, calibration, scenario=Scenario(True, uncertain), logged=False)[0]
     found = []
     for row, low, high, asked in zip(rows, least, most, floor.peaks_requested, strict=True):
         bound = {
