@@ -188,6 +188,9 @@ META_CHOICES = {
     "a GPU may take cuDNN's, with other outputs",
     "recurrent layers": "traced on the meta device (no GPU), PyTorch runs LSTM, GRU and RNN "
     "layers step by step where a GPU runs cuDNN's fused kernels, with their own workspace",
+    "recurrent cells": "traced on the meta device (no GPU), PyTorch runs LSTMCell and GRUCell "
+    "gate by gate where a GPU runs one fused kernel (_thnn_fused_lstm_cell, "
+    "_thnn_fused_gru_cell) that saves its own workspace for backward",
 }
 # Operators whose scratch on a GPU depends on the tensors' values, which neither a fake
 # tensor nor a probe on zeros has: calibrated or not, the prediction for them is approximate.
@@ -650,6 +653,9 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
         **dict.fromkeys(
             (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu), "recurrent layers"
         ),
+        # ATen's LSTMCell and GRUCell take the fused kernel for a CUDA input (RNN.cpp);
+        # rnn_tanh_cell and rnn_relu_cell run the same operators on every device.
+        **dict.fromkeys((torch.lstm_cell, torch.gru_cell), "recurrent cells"),
     }
     from_data = {torch.tensor, torch.as_tensor, torch.asarray}
     recurrent = {torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu}
