@@ -544,6 +544,27 @@ def test_hf_options_without_a_config_are_refused(capsys, tmp_path):
     assert "go with --hf-config" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("task", "option", "said"),
+    [
+        ("training", ["--new-tokens", "4"], "--new-tokens goes with --task generate, not training"),
+        (None, ["--new-tokens", "4"], "--new-tokens goes with --task generate, not inference"),
+        ("generate", ["--lora-rank", "8"], "--lora-rank goes with --task lora, not generate"),
+    ],
+)
+def test_a_task_option_given_to_another_task_is_named_in_one_line(
+    capsys, tmp_path, task, option, said
+):
+    """It was refused as a dimension the task does not declare (`--dim new_tokens`), an
+    option the user never typed."""
+    path = written(tmp_path, reduced("gpt2"))
+    out = tmp_path / "m.json"
+    argv = ["measure", "--device", "cuda:0", "--output", str(out), "--hf-config", str(path)]
+    assert own_model.main([*argv, *(["--task", task] if task else []), *option]) == 2
+    assert capsys.readouterr().err == f"own_model.py: error: {said}\n"
+    assert not out.exists()
+
+
 def test_without_transformers_a_config_is_refused_in_one_line(capsys, tmp_path, monkeypatch):
     real = hf_model.importlib.util.find_spec
     monkeypatch.setattr(

@@ -660,8 +660,12 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
     from pipeline.workloads import hf_model
 
     path, task = Path(args.hf_config), args.task or "inference"
-    file, named = hf_model.workload_file(path, task, args.gradient_checkpointing, args.batch)
     options = {"new_tokens": args.new_tokens, "lora_rank": args.lora_rank}
+    for name, wants in (("new_tokens", "generate"), ("lora_rank", "lora")):
+        if options[name] is not None and task != wants:
+            option = "--" + name.replace("_", "-")
+            raise cli.UsageError(f"{option} goes with --task {wants}, not {task}")
+    file, named = hf_model.workload_file(path, task, args.gradient_checkpointing, args.batch)
     given += [(name, value) for name, value in options.items() if value is not None]
     return file, given, args.dtype or named or DEFAULTS["dtype"]
 
