@@ -27,9 +27,12 @@ the growth and the call's own copies (`scratch_bound`). The
 reserve's size is cuDNN's own arithmetic: RESERVE_PER_LAYER's rule held in 1,025 of 1,026
 H200 calls and 87 of 100 H100 ones, the others up to 40 bytes larger (an alignment).
 
-Packed sequences, dropout between layers in training (cuDNN's
-dropout state, 6,488,064 bytes kept from the first such call on the H100, and another
-reserve) and float64 are not followed: the call runs as it comes, with the trace's note.
+Packed sequences, dropout between layers in training and float64 are not followed: the call
+runs as it comes, with the trace's note. What the H100's 16 dropout calls showed, for whoever
+follows it: cuDNN's dropout state, 6,488,064 bytes kept from the first such call (after an
+8-byte seed made and freed), and a reserve of the rule's bytes plus a mask of
+(layers - 1) x tokens x hidden x directions^2 bits and 0 to 308 bytes more; bounds would need
+the replay to widen an output's size, which it does only for scratch today.
 """
 
 from __future__ import annotations
