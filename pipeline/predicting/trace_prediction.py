@@ -1308,15 +1308,7 @@ def make_recorder(torch):
             where = known.get(device)
             if where is None:
                 where = known[device] = describe(torch, device, self.target)[1]
-            return (
-                "tensor",
-                worded,
-                tuple(x.shape),
-                tuple(x.stride()),
-                x.storage_offset(),
-                x.untyped_storage().nbytes(),
-                where,
-            )
+            return tensor_description(x, worded, where)
 
         def in_place_in_a_real_run(self, op: OpCall, args) -> None:
             """A call that a real run makes in place (IN_PLACE_IN_A_REAL_RUN) shares its first
@@ -1503,6 +1495,12 @@ def cpp_caller(entry: str) -> str | None:
     return names[calls[-1] + 1]
 
 
+def tensor_description(x, dtype: str, where: str) -> tuple:
+    """A tensor as describe() gives it, its dtype and device already worded."""
+    nbytes = x.untyped_storage().nbytes()
+    return ("tensor", dtype, tuple(x.shape), tuple(x.stride()), x.storage_offset(), nbytes, where)
+
+
 def describe(torch, x, target):
     """An argument as a probe recreates it: tensors by dtype, shape, strides, offset, storage
     bytes and device ('device' for the traced one), everything else by value."""
@@ -1512,15 +1510,7 @@ def describe(torch, x, target):
         return "device" if same else device.type
 
     if isinstance(x, torch.Tensor):
-        return (
-            "tensor",
-            str(x.dtype).removeprefix("torch."),
-            tuple(x.shape),
-            tuple(x.stride()),
-            x.storage_offset(),
-            x.untyped_storage().nbytes(),
-            where(x.device),
-        )
+        return tensor_description(x, str(x.dtype).removeprefix("torch."), where(x.device))
     if isinstance(x, torch.device):
         return ("device", where(x))
     if isinstance(x, torch.dtype):
