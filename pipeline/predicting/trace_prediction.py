@@ -646,19 +646,17 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     same calls as the estimate made without a GPU; the rest is the GPU's own."""
     from torch.overrides import TorchFunctionMode
 
+    recurrent = (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)
     functions = {
         torch.nn.functional.scaled_dot_product_attention: "scaled_dot_product_attention",
         torch.nn.functional.batch_norm: "batch_norm",
         torch.batch_norm: "batch_norm",
-        **dict.fromkeys(
-            (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu), "recurrent layers"
-        ),
+        **dict.fromkeys(recurrent, "recurrent layers"),
         # ATen's LSTMCell and GRUCell take the fused kernel for a CUDA input (RNN.cpp);
         # rnn_tanh_cell and rnn_relu_cell run the same operators on every device.
         **dict.fromkeys((torch.lstm_cell, torch.gru_cell), "recurrent cells"),
     }
     from_data = {torch.tensor, torch.as_tensor, torch.asarray}
-    recurrent = {torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu}
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     dropouts = {
