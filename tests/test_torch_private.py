@@ -135,6 +135,139 @@ def test_a_dispatch_mode_sees_each_operator_call():
     ]
 
 
+def test_an_unguarded_dispatch_modes_subclass_keeps_its_own_dispatch_and_sees_each_call():
+    seen = []
+
+    class Seen(tpv.unguarded_dispatch_mode()):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    raw = Seen.__dict__["__torch_dispatch__"]
+    assert getattr(raw, "__wrapped__", raw) is raw  # not PyTorch's torch.compile guard
+    with Seen():
+        torch.ones(2) + 1
+    assert seen == [aten.ones.default, aten.add.Tensor]
+
+
+def test_a_plain_dispatch_modes_subclass_is_wrapped_in_the_guard_the_unguarded_leaves_out():
+    class Plain(tpv.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert Plain.__dict__["__torch_dispatch__"].__wrapped__ is not None
+
+
+def test_fake_device_answer_is_the_device_the_fake_mode_gives():
+    answer = tpv.fake_device_answer()
+    with tpv.FakeTensorMode() as mode:
+        x = torch.empty(3, device="meta")
+        y = mode.from_tensor(torch.ones(2))  # a fake CPU tensor
+        assert answer((x,)) == torch.ops.prim.device.default(x) == torch.device("meta")
+        assert answer((y,)) == torch.ops.prim.device.default(y) == torch.device("cpu")
+
+
+def test_fake_holds_value_for_a_small_tensor_made_from_data_only():
+    with tpv.FakeTensorMode():
+        made = torch.tensor(2.0)  # lift_fresh of one element: the fake mode keeps its value
+        empty = torch.empty(2)
+    assert tpv.fake_holds_value(made)
+    assert not tpv.fake_holds_value(empty)
+    assert not tpv.fake_holds_value(3)
+
+
+def test_creation_state_follows_the_default_dtype_and_inference_mode():
+    plain = tpv.creation_state(torch)
+    assert plain == (torch.float32, "cpu", False)
+    with torch.inference_mode():
+        assert tpv.creation_state(torch)[2] is True
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert tpv.creation_state(torch)[0] == torch.float64
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_fake_outputs_make_new_tensors_as_the_fake_mode_made_them():
+    with tpv.FakeTensorMode() as mode:
+        x = torch.empty(4, 6, device="meta")
+        values, indices = aten.max.dim(x, 1)
+        recipe = tpv.fake_outputs_recipe(torch, mode, (values, indices), [x])
+        again = tpv.fake_outputs(torch, mode, recipe)
+        product = x @ x.t()
+        single = tpv.fake_outputs(torch, mode, tpv.fake_outputs_recipe(torch, mode, product, [x]))
+    assert type(again) is tuple
+    assert len(again) == 2
+    for made, original in zip((*again, single), (values, indices, product), strict=True):
+        assert type(made) is tpv.FakeTensor
+        assert (made.shape, made.stride(), made.dtype) == (
+            original.shape, original.stride(), original.dtype
+        )  # fmt: skip
+        assert made.untyped_storage().nbytes() == original.untyped_storage().nbytes()
+        assert tpv.storage_key(made.untyped_storage()) != tpv.storage_key(
+            original.untyped_storage()
+        )
+
+
+def test_fake_outputs_recipe_is_none_for_an_output_on_an_inputs_or_anothers_storage():
+    with tpv.FakeTensorMode() as mode:
+        x = torch.empty(4, device="meta")
+        assert tpv.fake_outputs_recipe(torch, mode, x, [x]) is None  # an input returned
+        y = torch.empty(8, device="meta")
+        assert tpv.fake_outputs_recipe(torch, mode, (y[:4], y[4:]), [x]) is None  # shared
+        assert tpv.fake_outputs_recipe(torch, mode, y[4:], [x]) is None  # at an offset
+        assert tpv.fake_outputs_recipe(torch, mode, 3, [x]) is None  # not a tensor
+        assert tpv.fake_outputs_recipe(torch, mode, (y, None), [x]) is not None
+
+
+def test_dispatch_keys_tell_inference_and_zero_tensors_from_normal_ones():
+    normal = tpv.dispatch_keys(torch, torch.ones(2))
+    assert normal == tpv.dispatch_keys(torch, torch.ones(3, dtype=torch.int64))
+    with torch.inference_mode():
+        assert tpv.dispatch_keys(torch, torch.ones(2)) != normal
+    assert tpv.dispatch_keys(torch, aten._efficientzerotensor([2])) != normal
+    assert hash(normal) == hash(tpv.dispatch_keys(torch, torch.ones(2)))
+
+
+def test_fake_view_makes_the_view_the_fake_mode_makes_on_the_same_storage():
+    with tpv.FakeTensorMode() as mode:
+        base = torch.empty(4, 6, device="meta")
+        view = base.t()[1:, :3]
+        recipe = tpv.fake_view_recipe(torch, mode, view, base)
+        again = tpv.fake_view(torch, mode, base, *recipe)
+        other = torch.empty(4, 6, device="meta")
+        elsewhere = tpv.fake_view(torch, mode, other, *recipe)
+    assert recipe == ((5, 3), (1, 6), 1, torch.float32, torch.device("meta"), False)
+    assert type(again) is tpv.FakeTensor
+    for made, on in ((again, base), (elsewhere, other)):
+        assert (made.shape, made.stride(), made.storage_offset()) == (
+            view.shape, view.stride(), view.storage_offset()
+        )  # fmt: skip
+        assert tpv.storage_key(made.untyped_storage()) == tpv.storage_key(on.untyped_storage())
+
+
+def test_fake_view_recipe_is_none_for_an_output_on_its_own_storage():
+    with tpv.FakeTensorMode() as mode:
+        base = torch.empty(4, device="meta")
+        assert tpv.fake_view_recipe(torch, mode, base + 1, base) is None
+        assert tpv.fake_view_recipe(torch, mode, base[1:], base) is not None
+    real = torch.ones(2)
+    assert tpv.fake_view_recipe(torch, mode, real[1:], real) is None  # not fake
+
+
+def test_fake_view_recipe_is_none_where_the_view_made_again_would_have_other_dispatch_keys():
+    """Under inference mode the view of a normal tensor is normal; one made anew would be an
+    inference tensor (autograd then refuses to share the base's version counter)."""
+    with tpv.FakeTensorMode() as mode:
+        base = torch.zeros(1, 4, 8, device="meta")
+        with torch.inference_mode():
+            view = base.expand(2, -1, -1)
+            assert tpv.fake_view_recipe(torch, mode, view, base) is None
+            inner = torch.zeros(1, 4, 8, device="meta")
+            assert tpv.fake_view_recipe(torch, mode, inner.expand(2, -1, -1), inner) is not None
+
+
 def test_storage_weak_refs_key_a_storage_whichever_tensor_holds_it():
     x = torch.ones(8)
     view, other = x[2:], torch.ones(8)

@@ -303,3 +303,159 @@ def test_predict_with_the_other_orders_replayed_in_workers_is_the_serial_predict
     monkeypatch.setattr(tp, "side_by_side", watched)
     assert tp.prediction_record(trace, tp.predict(trace), None) == serial
     assert workers == [(True, len(tp.OTHER_ADDRESS_ORDERS))]  # a choice: every order replayed
+
+
+def hf_protocol(task: str):
+    """A two-layer Llama from its published config, float32, batch 2 × 16 tokens (and 4 new
+    tokens through its own cache)."""
+    pytest.importorskip("transformers")
+    from test_hf_model import reduced
+
+    from pipeline.measuring import own_model
+    from pipeline.workloads import hf_model
+
+    config = reduced("llama-3.2-1b")
+    dims = {"sequence": 16, **({"new_tokens": 4} if task == "generate" else {})}
+
+    def drive(phase):
+        configuration = own_model.Configuration(torch.device("meta"), torch.float32, 2, 0)
+
+        def function(config_, **given):
+            return hf_model.build(config_, config, task, False, **given)
+
+        kind = "training" if task == "training" else "inference"
+        own_model.drive(torch, phase, function, kind, configuration, dims, 1, 1, [], {}, ())
+
+    return drive
+
+
+def decoder_protocol(phase):
+    from pipeline.measuring import decoder
+
+    shape = decoder.Shape(layers=2, width=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=64)
+    run = {**decoder.RUN_DEFAULTS, "batch": 2, "prompt": 8, "new_tokens": 6, "dtype": "bfloat16"}
+    decoder.measure_rows(torch, shape, run, 0, torch.device("meta"), [], phase=phase)
+
+
+def inference_mode_views(phase):
+    """Views of one signature on a normal tensor (as a parameter is) and on tensors made under
+    inference mode: a view of the first is normal, of the others an inference tensor."""
+
+    def run():
+        weight = torch.zeros(4, 8, device="meta")
+        with torch.inference_mode():
+            for _ in range(12):
+                made = torch.zeros(4, 8, device="meta")
+                for base in (made, weight):
+                    base.t().sum()
+
+    phase("one", run)
+
+
+WORKLOADS = {
+    "views under inference mode": lambda: inference_mode_views,
+    "modules and AdamW": lambda: protocol("meta"),
+    "decoder generating": lambda: decoder_protocol,
+    "llama training": lambda: hf_protocol("training"),
+    "llama generating": lambda: hf_protocol("generate"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_calls_the_recorder_answers_leave_the_trace_as_the_fake_mode_makes_it(monkeypatch, name):
+    """Views, in-place calls and calls making new tensors, of a signature already seen, are
+    answered without the fake mode (Recorder.viewed, Recorder.in_place, Recorder.made): every
+    event, signature and predicted counter the same as with every call through it. The
+    answers are counted, so that the test cannot pass by never taking them."""
+    answered = collections.Counter()
+    for what in ("fake_view", "fake_holds_value", "fake_outputs"):
+        original = getattr(tp.torch_private, what)
+
+        def counted(*args, what=what, original=original):
+            answered[what] += 1
+            return original(*args)
+
+        monkeypatch.setattr(tp.torch_private, what, counted)
+    traces = {}
+    for answering in (False, True):
+        monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", answering)
+        torch.manual_seed(0)
+        traces[answering] = tp.run_trace(torch, "meta", WORKLOADS[name]())
+        if not answering:
+            assert answered == {}
+    plain, quick = traces[False], traces[True]
+    assert plain.stopped is None
+    assert answered["fake_view"] > 10
+    assert answered["fake_holds_value"] > 10
+    assert answered["fake_outputs"] > 10
+    assert quick.events == plain.events
+    assert quick.signatures.keys() == plain.signatures.keys()
+    assert [s.calls for s in quick.signatures.values()] == [
+        s.calls for s in plain.signatures.values()
+    ]
+    assert tp.predict(quick).rows == tp.predict(plain).rows
+
+
+def test_an_in_place_call_that_changes_its_tensor_goes_through_the_fake_mode_each_time():
+    """resize_ returns its argument with another shape: its second call, the same signature
+    as the first, must resize too (a new block of the new size, the old one freed)."""
+
+    def drive(phase):
+        def run():
+            kept = []
+            for _ in range(3):
+                x = torch.empty(0, device="meta")
+                x.resize_(1024)
+                kept.append(x.view(32, 32))
+            return kept
+
+        phase("one", run)
+
+    trace = tp.run_trace(torch, "meta", drive)
+    assert trace.stopped is None
+    resized = [event for event in trace.events if event[0] == "resize"]
+    assert [event[2] for event in resized] == [4096, 4096, 4096]
+
+
+def test_a_view_whose_signature_was_seen_is_a_view_of_its_own_argument():
+    """Answered views share their own argument's storage, never the first call's."""
+    seen = []
+
+    def drive(phase):
+        def run():
+            for _ in range(3):
+                x = torch.zeros(4, 6, device="meta")
+                y = x[:, 2:]
+                seen.append((y.shape, y.stride(), y.storage_offset(), y.untyped_storage()))
+                seen.append(x.untyped_storage())
+
+        phase("one", run)
+
+    trace = tp.run_trace(torch, "meta", drive)
+    assert trace.stopped is None
+    for view, base in zip(seen[::2], seen[1::2], strict=True):
+        assert view[:3] == ((4, 4), (6, 1), 2)
+        assert StorageWeakRef(view[3]).cdata == StorageWeakRef(base).cdata
+
+
+def test_a_call_making_a_tensor_under_another_default_dtype_is_not_answered_as_before():
+    """torch.ones(4) reaches the dispatcher without a dtype: the default dtype at that moment
+    gives its bytes, so two calls of one signature under two defaults make two sizes."""
+
+    def drive(phase):
+        def run():
+            kept = [torch.ones(4, device="meta")]
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float64)
+            try:
+                kept.append(torch.ones(4, device="meta"))
+            finally:
+                torch.set_default_dtype(previous)
+            kept.append(torch.ones(4, device="meta"))
+            return kept
+
+        phase("one", run)
+
+    trace = tp.run_trace(torch, "meta", drive)
+    made = [e[1] for e in trace.events if e[0] == "op" and e[1].name == "aten.ones.default"]
+    assert [op.outputs[0][2] for op in made] == [16, 32, 16]

@@ -103,6 +103,149 @@ def fake_tensor_limits() -> tuple:
     )
 
 
+def unguarded_dispatch_mode():
+    """TorchDispatchMode, less the torch.compile guard it puts around each subclass's
+    __torch_dispatch__ (`_should_skip_dynamo`: two frame-evaluation swaps a call, at every
+    operator of a trace that compiles nothing). Where the hook is missing, the class itself."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if not hasattr(TorchDispatchMode, "_should_skip_dynamo"):
+        return TorchDispatchMode
+
+    class UnguardedDispatchMode(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False
+
+    return UnguardedDispatchMode
+
+
+def fake_device_answer():
+    """The function by which FakeTensorMode answers prim.device for a fake tensor, args ->
+    device (`_device_handler`): C++ asks a fake tensor's device several times an operator (a
+    third of a decoder trace's calls), answered so without two dispatches."""
+    from torch._subclasses import fake_tensor
+
+    return fake_tensor._device_handler
+
+
+def fake_holds_value(x) -> bool:
+    """A fake tensor that keeps a real value beside it (`constant`: a small tensor made from
+    data), which FakeTensorMode forgets when an operator writes into it."""
+    return getattr(x, "constant", None) is not None
+
+
+def dispatch_keys(torch, tensor):
+    """The tensor's dispatch key set (hashable): which kernels PyTorch takes for it, and
+    whether it is an inference tensor or autograd's zero tensor."""
+    return torch._C._dispatch_key_set(tensor)
+
+
+def creation_state(torch) -> tuple:
+    """What besides its arguments shapes a new tensor, as FakeTensorMode's cache keys hold it:
+    the default dtype and device, and whether inference mode is on."""
+    return (
+        torch.get_default_dtype(),
+        torch._C._get_default_device(),
+        torch.is_inference_mode_enabled(),
+    )
+
+
+def fake_outputs_recipe(torch, fake_mode, out, inputs) -> tuple | None:
+    """(container, per output (shape, strides, dtype, device, requires_grad, bytes) or None)
+    of an operator's outputs, from which fake_outputs makes them again; None unless `out` is
+    one fake tensor, or a tuple or list of them and None, each on a new storage of its own at
+    offset 0 that fake_outputs makes of the same bytes and with the same dispatch keys (as
+    FakeTensorMode checks before it caches an output)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    container = type(out) if type(out) in (tuple, list) else None
+    items = out if container else (out,)
+    taken = {storage_key(x.untyped_storage()) for x in inputs if isinstance(x, torch.Tensor)}
+    made = []
+    for x in items:
+        if x is None and container:
+            made.append(None)
+            continue
+        if type(x) is not FakeTensor or x.layout != torch.strided or x.storage_offset():
+            return None
+        if x.is_conj() or x.is_neg() or x.constant is not None:
+            return None
+        key = storage_key(x.untyped_storage())
+        if key in taken:
+            return None
+        taken.add(key)
+        nbytes = x.untyped_storage().nbytes()
+        made.append((tuple(x.shape), x.stride(), x.dtype, x.fake_device, x.requires_grad, nbytes))
+    recipe = container, tuple(made)
+    again = fake_outputs(torch, fake_mode, recipe)
+    for x, y, m in zip(items, again if container else (again,), made, strict=True):
+        if m is not None and (
+            y.untyped_storage().nbytes() != m[5]
+            or dispatch_keys(torch, x) != dispatch_keys(torch, y)
+        ):
+            return None
+    return recipe
+
+
+def fake_outputs(torch, fake_mode, recipe):
+    """New fake tensors as fake_outputs_recipe describes them, made as FakeTensorMode makes
+    an output from its dispatch cache: an empty meta tensor of that shape and those strides,
+    wrapped."""
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    container, made = recipe
+    outs = []
+    with in_kernel_invocation_manager(fake_mode):
+        for m in made:
+            if m is None:
+                outs.append(None)
+                continue
+            empty = torch.empty_strided(m[0], m[1], dtype=m[2], device="meta", requires_grad=m[4])
+            outs.append(empty)
+    outs = [
+        None if e is None else FakeTensor(fake_mode, e, m[3])
+        for e, m in zip(outs, made, strict=True)
+    ]
+    return container(outs) if container else outs[0]
+
+
+def fake_view_recipe(torch, fake_mode, out, base) -> tuple | None:
+    """(shape, strides, offset, dtype, device, requires_grad) of a view operator's output,
+    from which fake_view makes it again; None unless it is one plain fake tensor on `base`'s
+    storage that fake_view makes with the same dispatch keys (FakeTensorMode's own check
+    before it caches an output: under inference mode a view of a normal tensor is normal,
+    a tensor made anew is not)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if type(out) is not FakeTensor or type(base) is not FakeTensor:
+        return None
+    if out.layout != base.layout or out.is_conj() or out.is_neg() or out.constant is not None:
+        return None
+    if storage_key(out.untyped_storage()) != storage_key(base.untyped_storage()):
+        return None
+    recipe = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, out.fake_device,
+              out.requires_grad)  # fmt: skip
+    made = fake_view(torch, fake_mode, base, *recipe)
+    if dispatch_keys(torch, made) != dispatch_keys(torch, out):
+        return None
+    return recipe
+
+
+def fake_view(torch, fake_mode, base, shape, stride, offset, dtype, device, requires_grad):
+    """A fake tensor on `base`'s storage, made as FakeTensorMode makes a view operator's
+    output from its dispatch cache (`_get_output_tensor_from_cache_entry`): an empty meta
+    tensor of that shape and those strides, set to the storage, and wrapped."""
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    with in_kernel_invocation_manager(fake_mode):
+        empty = torch.empty_strided(
+            shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad
+        )
+        empty.set_(base.untyped_storage(), offset, shape, stride)
+    return FakeTensor(fake_mode, empty, device)
+
+
 def forget_converted_tensors(fake_mode) -> None:
     """Empties the fake mode's memo of converted tensors: its weak references would stop
     nn.Module.to()'s swaps."""

@@ -610,7 +610,7 @@ def add_budget(parser) -> None:
         default=ESTIMATE_BUDGET,
         metavar="PASSES",
         help="the most layer passes, layers x (new tokens + 1), the prediction may trace "
-        f"(default {ESTIMATE_BUDGET}: about 2 minutes on a 2-core CPU)",
+        f"(default {ESTIMATE_BUDGET}: about 30 s on an idle 2-core CPU)",
     )
 
 

@@ -969,7 +969,15 @@ class OperatorFacts:
     mutable: bool  # its schema writes into an argument
     view: bool
     in_place_candidate: bool  # in IN_PLACE_CANDIDATES
+    returns_first: bool  # writes into its first argument and returns it (add_, copy_, ...)
+    pure: bool  # an aten operator that writes into no argument and is no view (mm, cat, ...)
 
+
+# Whether the recorder answers a call already seen (the same signature) of an in-place or view
+# operator, or of one that makes new tensors, itself, as FakeTensorMode's dispatch cache would,
+# without that cache's key (Recorder.in_place, .viewed, .made). False: every call goes through
+# FakeTensorMode, the oracle tests/test_trace_speed.py compares the traces with.
+KNOWN_CALLS_ANSWERED = True
 
 # How the recorder learns that a storage's last reference went: "callback", a weak reference
 # to the storage's Python object, which PyTorch keeps as long as the storage lives and drops
@@ -978,10 +986,23 @@ class OperatorFacts:
 FREE_DETECTION = "callback"
 
 
+def returns_first(schema) -> bool:
+    """One return, the first argument, which the operator writes (add_, copy_, resize_)."""
+    if len(schema.returns) != 1 or not schema.arguments:
+        return False
+    first, returned = schema.arguments[0].alias_info, schema.returns[0].alias_info
+    return (
+        first is not None
+        and first.is_write
+        and returned is not None
+        and returned.before_set == first.before_set
+    )
+
+
 def make_recorder(torch):
     """The dispatch mode class (it needs torch to exist, so it is made on demand)."""
     StorageWeakRef = torch_private.StorageWeakRef
-    TorchDispatchMode = torch_private.TorchDispatchMode
+    TorchDispatchMode = torch_private.unguarded_dispatch_mode()  # no torch.compile inside
     tree_flatten, tree_map = torch_private.tree_flatten, torch_private.tree_map
 
     seeded = torch.Tag.nondeterministic_seeded
@@ -990,6 +1011,8 @@ def make_recorder(torch):
     aten = torch.ops.aten
     POINTWISE_OUT = {aten.mul.out, aten.add.out, aten.sub.out}
     RNN = torch_private.cudnn_rnn_operators(torch)[0]  # seeded (dropout); cudnn_rnn's fake kernel
+    PRIM_DEVICE = torch.ops.prim.device.default  # a third of a decoder trace's calls
+    device_of_fake = torch_private.fake_device_answer()
     Tensor = torch.Tensor
 
     class Recorder(TorchDispatchMode):
@@ -1008,6 +1031,10 @@ def make_recorder(torch):
             self.pending_in_place: tuple | None = None  # (OpCall, its first argument's storage id)
             self.operators: dict = {}  # OpOverload -> OperatorFacts
             self.keys: dict = {}  # a signature's text -> signature_id(text)
+            self.probes: dict = {}  # (name, spec text, described, their types) -> the same
+            self.kept_in_place: set = set()  # signatures whose fake kernel changed no metadata
+            self.views: dict = {}  # (signature, base's keys, inference mode) -> fake_view_recipe
+            self.outputs: dict = {}  # (signature, *creation_state) -> fake_outputs_recipe
             self.described: dict = {}  # dtype or device -> its part of a description
             self.written: dict = {}  # written_into_out's answers, by shapes and dtypes
             if self.target.type == "meta":  # on_target, in one step (asked a million times)
@@ -1037,6 +1064,8 @@ def make_recorder(torch):
                     mutable=schema.is_mutable,
                     view=bool(func.is_view),
                     in_place_candidate=name in IN_PLACE_CANDIDATES,
+                    returns_first=returns_first(schema),
+                    pure=func.namespace == "aten" and not schema.is_mutable and not func.is_view,
                 )
             return found
 
@@ -1078,6 +1107,8 @@ def make_recorder(torch):
                 self.freed_early.add(entry[2])
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is PRIM_DEVICE and type(args[0]) is FakeTensor:
+                return device_of_fake(args)  # asked from C++: nothing runs, nothing recorded
             kwargs = kwargs or {}
             facts = self.operators.get(func) or self.facts(func)
             if not facts.prim:  # prim.device is asked inside other operators' calls
@@ -1095,19 +1126,110 @@ def make_recorder(torch):
             if condition is True or (condition and condition(args, kwargs)):
                 with self:
                     return torch_private.composite_function(torch, func, args, kwargs)
+            if facts.returns_first and not self.tracer.real and KNOWN_CALLS_ANSWERED:
+                return self.in_place(func, args, kwargs, facts)
+            if facts.view and not self.tracer.real and KNOWN_CALLS_ANSWERED:
+                return self.viewed(func, args, kwargs, facts)
             if facts.seeded and not self.tracer.real:
                 out = self.seeded(func, args, kwargs)
+                torch_private.forget_converted_tensors(self.tracer.fake)
+            elif facts.pure and not self.tracer.real and KNOWN_CALLS_ANSWERED:
+                return self.made(func, args, kwargs, facts)
             else:
-                try:
-                    out = func(*args, **kwargs)
-                except AssertionError:
-                    made = self.made_from_data(args, kwargs)
-                    if made is None:
-                        raise
-                    out = func(*made[0], **made[1])
-            torch_private.forget_converted_tensors(self.tracer.fake)
+                out = self.called(func, args, kwargs)
             self.record(func, args, kwargs, out, facts)
             return out
+
+        def called(self, func, args, kwargs):
+            """func(*args, **kwargs), through the fake mode below."""
+            try:
+                out = func(*args, **kwargs)
+            except AssertionError:
+                made = self.made_from_data(args, kwargs)
+                if made is None:
+                    raise
+                out = func(*made[0], **made[1])
+            torch_private.forget_converted_tensors(self.tracer.fake)
+            return out
+
+        def in_place(self, func, args, kwargs, facts: OperatorFacts):
+            """An operator that writes into its first argument and returns it. Its fake
+            kernel runs the first time a signature is seen (it checks the call as a GPU
+            would, and may raise); if that left the first argument's shape, strides, offset
+            and storage as they were, a later call of the same signature (the same
+            arguments' descriptions) is answered without it: the kernel depends on nothing
+            else, and a quarter of a decoder trace's calls are of this kind. Not for fake
+            tensors that hold a value (FakeTensorMode then updates it)."""
+            first = args[0] if args else None
+            called = flatten((args, kwargs))
+            before = self.call_key(facts, *called, (args, kwargs))
+            if before[0] in self.kept_in_place and self.answerable(called[0]):
+                self.record(func, args, kwargs, first, facts, called, before)
+                return first
+            out = self.called(func, args, kwargs)
+            after = self.call_key(facts, *called, (args, kwargs))
+            if out is first and after == before:
+                self.kept_in_place.add(before[0])
+            self.record(func, args, kwargs, out, facts, called, after)
+            return out
+
+        def viewed(self, func, args, kwargs, facts: OperatorFacts):
+            """A view operator: its fake kernel runs the first time a signature is seen; if
+            it gave one fake tensor on its first argument's storage and left the arguments
+            as they were, a later call of the same signature gets the same view, made as
+            FakeTensorMode makes it from its own dispatch cache (torch_private.fake_view)
+            without computing that cache's key: views are a third of a decoder trace's
+            calls, and the rest of their cost."""
+            called = flatten((args, kwargs))
+            key = self.call_key(facts, *called, (args, kwargs))
+            # A view's dispatch keys follow its base's (an inference tensor's, autograd's
+            # zero tensor's) and, for a normal base, whether inference mode is on.
+            keys = torch_private.dispatch_keys(torch, args[0])
+            known = key[0], keys, torch.is_inference_mode_enabled()
+            made = self.views.get(known)
+            fake = self.tracer.fake
+            if made is not None and self.answerable(called[0]):
+                out = torch_private.fake_view(torch, fake, args[0], *made)
+            else:
+                out = self.called(func, args, kwargs)
+                made = torch_private.fake_view_recipe(torch, fake, out, args[0])
+                if made is not None and self.call_key(facts, *called, (args, kwargs)) == key:
+                    self.views[known] = made
+            self.record(func, args, kwargs, out, facts, called, key)
+            return out
+
+        def made(self, func, args, kwargs, facts: OperatorFacts):
+            """An operator that writes into no argument: its fake kernel runs the first time a
+            signature is seen (under the default dtype and device and the inference mode of
+            that call, which FakeTensorMode's cache keys hold too); if it returned fake
+            tensors on new storages of their own, a later call gets new ones of the same
+            shapes, made as that cache makes them (torch_private.fake_outputs)."""
+            called = flatten((args, kwargs))
+            key = self.call_key(facts, *called, (args, kwargs))
+            known = key[0], *torch_private.creation_state(torch)
+            recipe = self.outputs.get(known)
+            fake = self.tracer.fake
+            if recipe is not None and self.answerable(called[0]):
+                out = torch_private.fake_outputs(torch, fake, recipe)
+            else:
+                out = self.called(func, args, kwargs)
+                if self.answerable(called[0]):
+                    recipe = torch_private.fake_outputs_recipe(torch, fake, out, called[0])
+                    if recipe is not None:
+                        self.outputs[known] = recipe
+            self.record(func, args, kwargs, out, facts, called, key)
+            return out
+
+        def answerable(self, leaves) -> bool:
+            """Whether a call seen before may be answered without the fake mode: every tensor
+            argument one of its fake tensors (a real one takes made_from_data's path), none
+            holding a value (FakeTensorMode follows a held value through the call)."""
+            for x in leaves:
+                if isinstance(x, Tensor) and (
+                    type(x) is not FakeTensor or torch_private.fake_holds_value(x)
+                ):
+                    return False
+            return True
 
         def written_into_out(self, func, args, kwargs) -> bool:
             """A binary pointwise `out=` call whose `out` already has the broadcast shape,
@@ -1251,9 +1373,11 @@ def make_recorder(torch):
             workspaces, are not the caller's."""
             return AUTOGRAD if torch_private.autograd_node_running(torch) else CALLER
 
-        def record(self, func, args, kwargs, out, facts: OperatorFacts | None = None) -> None:
+        def record(self, func, args, kwargs, out, facts=None, called=None, key=None) -> None:
+            """The call as an event: its outputs' new storages and its signature. called,
+            key: flatten((args, kwargs)) and call_key(...), where the caller has them."""
             facts = facts or self.facts(func)
-            leaves, shape = flatten((args, kwargs))
+            leaves, shape = called or flatten((args, kwargs))
             inputs = [x for x in leaves if isinstance(x, Tensor)]
             flat = flatten(out)[0]
             tensors = [x for x in flat if isinstance(x, Tensor)]
@@ -1271,17 +1395,7 @@ def make_recorder(torch):
                     new = self.track(tensor)
                     if new is not None:
                         outputs.append((index, *new))
-            spec, spec_text = self.specs.get(shape) or (None, None)
-            if spec is None:
-                spec = tree_flatten((args, kwargs))[1]
-                spec_text = str(spec)
-                if shape is not None:
-                    self.specs[shape] = spec, spec_text
-            described = [self.describe(x) for x in leaves]
-            text = f"{name}|{described!r}|{spec_text}"
-            key = self.keys.get(text)
-            if key is None:
-                key = self.keys[text] = signature_id(text)
+            key, described, spec = key or self.call_key(facts, leaves, shape, (args, kwargs))
             signatures = self.tracer.trace.signatures
             entry = signatures.get(key)
             if entry is None:
@@ -1293,6 +1407,32 @@ def make_recorder(torch):
             self.events.append(("op", op))
             if facts.in_place_candidate and len(outputs) == 1 and outputs[0][0] == 0:
                 self.in_place_in_a_real_run(op, args)
+
+        def call_key(self, facts, leaves, shape, tree=None) -> tuple:
+            """(signature_id of the call's text, its described leaves, its TreeSpec). The
+            text, "name|described|spec", is made once per distinct call: later ones are
+            found by the described leaves themselves and their types (1, 1.0 and True are
+            equal keys of different texts), except where one equals zero (-0.0 == 0.0)."""
+            spec, spec_text = self.specs.get(shape) or (None, None)
+            if spec is None:
+                spec = tree_flatten(tree)[1]
+                spec_text = str(spec)
+                if shape is not None:
+                    self.specs[shape] = spec, spec_text
+            described = [self.describe(x) for x in leaves]
+            probe = None
+            if 0.0 not in described:
+                probe = (facts.name, spec_text, tuple(described), tuple(map(type, described)))
+                key = self.probes.get(probe)
+                if key is not None:
+                    return key, described, spec
+            text = f"{facts.name}|{described!r}|{spec_text}"
+            key = self.keys.get(text)
+            if key is None:
+                key = self.keys[text] = signature_id(text)
+            if probe is not None:
+                self.probes[probe] = key
+            return key, described, spec
 
         def describe(self, x):
             """describe(torch, x, self.target), a tensor's dtype and device worded once."""
