@@ -118,6 +118,18 @@ def _gib(text):
     return _option_value(text, r"[0-9]+(?:\.[0-9]+)?", expected, decimal.Decimal)
 
 
+def add_days(parser):
+    """--days, as every command that prices a package takes it (fit.py too)."""
+    parser.add_argument(
+        "--days", type=_days, required=True, metavar="{3,7,30}", help="package length in days"
+    )
+
+
+def add_accepted_results(parser, help_text):
+    """--accepted-results, the count a unit cost divides by (fit.py too)."""
+    parser.add_argument("--accepted-results", type=_count, metavar="N", help=help_text)
+
+
 def _parser():
     parser = _Parser(
         prog=PROG,
@@ -138,9 +150,7 @@ def _parser():
     parser.add_argument(
         "--compare", action="store_true", help="price every model instead, cheapest first"
     )
-    parser.add_argument(
-        "--days", type=_days, required=True, metavar="{3,7,30}", help="package length in days"
-    )
+    add_days(parser)
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--lots", type=_count, metavar="N", help="lots to buy (quote default: 1)")
     size.add_argument(
@@ -149,12 +159,10 @@ def _parser():
         metavar="N",
         help="GPUs needed: buys ceil(N / gpus_per_lot) lots (compare default: 1)",
     )
-    parser.add_argument(
-        "--accepted-results",
-        type=_count,
-        metavar="N",
-        help="distinct useful results actually accepted (no default; repeats of one "
-        "benchmark do not count); gives the unit cost",
+    add_accepted_results(
+        parser,
+        "distinct useful results actually accepted (no default; repeats of one benchmark do "
+        "not count); gives the unit cost",
     )
     parser.add_argument(
         "--min-memory-gib",
@@ -408,6 +416,13 @@ def quote(catalogue, gpu, days, lots=None, gpus=None, accepted=None):
         "price_per_gpu_day_cents": _cents_text(ratio_hundredths(total, per_lot * lots * days)),
         "accepted_results": accepted,
         "unit_cost_cents": unit,
+        **tariff_source(catalogue),
+    }
+
+
+def tariff_source(catalogue):
+    """Where every price of a result comes from: its status, its date and the file's hash."""
+    return {
         "price_status": catalogue["price_status"],
         "snapshot_date": catalogue["snapshot_date"],
         "tariffs_file": catalogue["file"],
@@ -431,10 +446,7 @@ def compare(catalogue, days, lots=None, gpus=None, accepted=None, min_memory=Non
         "min_memory_gib": None if min_memory is None else str(min_memory),
         "memory_rule": MEMORY_RULE,
         "accepted_results": accepted,
-        "price_status": catalogue["price_status"],
-        "snapshot_date": catalogue["snapshot_date"],
-        "tariffs_file": catalogue["file"],
-        "tariffs_sha256": catalogue["sha256"],
+        **tariff_source(catalogue),
         "notice": notice(catalogue, accepted, compare=True),
         "rows": quotes,
     }

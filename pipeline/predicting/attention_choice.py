@@ -245,6 +245,12 @@ def check_cudnn_tensor_shapes(c: SdpaCall, gpu: TargetGpu, cudnn: int):
         return "query sequence length 1 with dropout"
 
 
+def first_reason(reasons):
+    """The first reason that is not None, in order: a backend's constraints in sdp_utils.cpp
+    run one after the other, and the first that fails says why the backend is not taken."""
+    return next((why for why in reasons if why), None)
+
+
 def can_use_cudnn(c: SdpaCall, gpu: TargetGpu, cudnn: int, on: Switches):
     if c.dropout_p > 0.0 and 91100 < cudnn < 91400:
         return "cuDNN 9.11 to 9.13 have no dropout in SDPA"
@@ -263,9 +269,7 @@ def can_use_cudnn(c: SdpaCall, gpu: TargetGpu, cudnn: int, on: Switches):
         lambda: check_batch_size_and_num_heads_dense(c, True, requires_same_num_heads=False),
         lambda: check_cudnn_tensor_shapes(c, gpu, cudnn),
     )
-    for check in checks:
-        if why := check():
-            return why
+    return first_reason(check() for check in checks)
 
 
 # ------------------------------------------------------------------ flash
@@ -292,13 +296,13 @@ def can_use_flash(c: SdpaCall, gpu: TargetGpu, on: Switches):
     allowed = ("float8_e4m3fn", *HALF) if fa3 else HALF if gpu.capability[0] >= 8 else ("float16",)
     if (why := check_tensor_dtype(c, allowed)) is not None:
         return why
-    for why in (
-        check_batch_size_and_num_heads_dense(c, True),
-        check_nonzero_sequence_lengths_dense(c),
-        check_last_dim_stride_equals_1_dense(c, ignore_singleton_dim=True),
-    ):
-        if why:
-            return why
+    return first_reason(
+        (
+            check_batch_size_and_num_heads_dense(c, True),
+            check_nonzero_sequence_lengths_dense(c),
+            check_last_dim_stride_equals_1_dense(c, ignore_singleton_dim=True),
+        )
+    )
 
 
 # ------------------------------------------------------------------ memory-efficient
@@ -324,13 +328,15 @@ def can_use_efficient(c: SdpaCall, gpu: TargetGpu, on: Switches):
         return f"head dims not multiples of {alignment}"
     if c.nested:
         return "nested inputs"
-    for why in (
-        check_nonzero_sequence_lengths_dense(c),
-        check_last_dim_stride_equals_1_dense(c, ignore_singleton_dim=False),
-        check_batch_size_and_num_heads_dense(c, False),
-    ):
-        if why:
-            return why
+    why = first_reason(
+        (
+            check_nonzero_sequence_lengths_dense(c),
+            check_last_dim_stride_equals_1_dense(c, ignore_singleton_dim=False),
+            check_batch_size_and_num_heads_dense(c, False),
+        )
+    )
+    if why:
+        return why
     allowed = ("float16", "float32", "bfloat16") if major >= 8 else ("float16", "float32")
     return check_tensor_dtype(c, allowed)
 

@@ -548,10 +548,7 @@ def fit(need: Need, catalogue: dict, memory: dict, days: int, accepted: int | No
         },
         "days": days,
         "accepted_results": accepted,
-        "price_status": catalogue["price_status"],
-        "snapshot_date": catalogue["snapshot_date"],
-        "tariffs_file": catalogue["file"],
-        "tariffs_sha256": catalogue["sha256"],
+        **calcul_forfaits.tariff_source(catalogue),
         "rows": rows,
     }
 
@@ -742,18 +739,9 @@ def load_catalogue(tariffs: str | None) -> dict:
 def parser() -> cli.Parser:
     parser = cli.Parser(prog="fit.py", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("source", type=Path, help="a run folder, a sweep folder or a prediction")
-    parser.add_argument(
-        "--days",
-        type=calcul_forfaits._days,
-        required=True,
-        metavar="{3,7,30}",
-        help="package length in days",
-    )
-    parser.add_argument(
-        "--accepted-results",
-        type=calcul_forfaits._count,
-        metavar="N",
-        help="distinct useful results accepted: gives the cost per accepted result",
+    calcul_forfaits.add_days(parser)
+    calcul_forfaits.add_accepted_results(
+        parser, "distinct useful results accepted: gives the cost per accepted result"
     )
     parser.add_argument(
         "--tariffs", metavar="PATH", help="tariff file (default: data/tarifs-forfaits.csv)"
