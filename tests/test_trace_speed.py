@@ -459,3 +459,17 @@ def test_a_call_making_a_tensor_under_another_default_dtype_is_not_answered_as_b
     trace = tp.run_trace(torch, "meta", drive)
     made = [e[1] for e in trace.events if e[0] == "op" and e[1].name == "aten.ones.default"]
     assert [op.outputs[0][2] for op in made] == [16, 32, 16]
+
+
+def test_a_trace_on_a_gpus_fake_tensors_answers_nothing_itself(monkeypatch):
+    """The answers are compared with the fake mode's on the meta device only (a CPU-only
+    PyTorch cannot trace a GPU's fake tensors): the trace beside a measurement, on the GPU's
+    fake tensors, sends every call through the fake mode."""
+    recorders = {
+        device: tp.make_recorder(torch)(tp.Tracer(torch, device, True, None))
+        for device in ("meta", "cuda:0")
+    }
+    assert recorders["meta"].answers
+    assert not recorders["cuda:0"].answers
+    monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", False)
+    assert not tp.make_recorder(torch)(tp.Tracer(torch, "meta", True, None)).answers

@@ -976,7 +976,8 @@ class OperatorFacts:
 # Whether the recorder answers a call already seen (the same signature) of an in-place or view
 # operator, or of one that makes new tensors, itself, as FakeTensorMode's dispatch cache would,
 # without that cache's key (Recorder.in_place, .viewed, .made). False: every call goes through
-# FakeTensorMode, the oracle tests/test_trace_speed.py compares the traces with.
+# FakeTensorMode, the oracle tests/test_trace_speed.py compares the traces with. Not on a GPU's
+# fake tensors (the trace beside a measurement) until the two have been compared there.
 KNOWN_CALLS_ANSWERED = True
 
 # How the recorder learns that a storage's last reference went: "callback", a weak reference
@@ -1037,6 +1038,9 @@ def make_recorder(torch):
             self.outputs: dict = {}  # (signature, *creation_state) -> fake_outputs_recipe
             self.described: dict = {}  # dtype or device -> its part of a description
             self.written: dict = {}  # written_into_out's answers, by shapes and dtypes
+            # Answers (in_place, viewed, made) on the meta device only, the GPU-free estimate:
+            # not yet compared with the fake mode's on a GPU's fake tensors.
+            self.answers = KNOWN_CALLS_ANSWERED and self.target.type == "meta" and not tracer.real
             if self.target.type == "meta":  # on_target, in one step (asked a million times)
                 self.on_target = lambda tensor: tensor.device.type == "meta"
 
@@ -1126,14 +1130,14 @@ def make_recorder(torch):
             if condition is True or (condition and condition(args, kwargs)):
                 with self:
                     return torch_private.composite_function(torch, func, args, kwargs)
-            if facts.returns_first and not self.tracer.real and KNOWN_CALLS_ANSWERED:
+            if facts.returns_first and self.answers:
                 return self.in_place(func, args, kwargs, facts)
-            if facts.view and not self.tracer.real and KNOWN_CALLS_ANSWERED:
+            if facts.view and self.answers:
                 return self.viewed(func, args, kwargs, facts)
             if facts.seeded and not self.tracer.real:
                 out = self.seeded(func, args, kwargs)
                 torch_private.forget_converted_tensors(self.tracer.fake)
-            elif facts.pure and not self.tracer.real and KNOWN_CALLS_ANSWERED:
+            elif facts.pure and self.answers:
                 return self.made(func, args, kwargs, facts)
             else:
                 out = self.called(func, args, kwargs)
