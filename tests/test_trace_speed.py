@@ -305,7 +305,7 @@ def test_predict_with_the_other_orders_replayed_in_workers_is_the_serial_predict
     assert workers == [(True, len(tp.OTHER_ADDRESS_ORDERS))]  # a choice: every order replayed
 
 
-def hf_protocol(task: str):
+def hf_protocol(task: str, device: str = "meta"):
     """A two-layer Llama from its published config, float32, batch 2 × 16 tokens (and 4 new
     tokens through its own cache)."""
     pytest.importorskip("transformers")
@@ -318,7 +318,7 @@ def hf_protocol(task: str):
     dims = {"sequence": 16, **({"new_tokens": 4} if task == "generate" else {})}
 
     def drive(phase):
-        configuration = own_model.Configuration(torch.device("meta"), torch.float32, 2, 0)
+        configuration = own_model.Configuration(torch.device(device), torch.float32, 2, 0)
 
         def function(config_, **given):
             return hf_model.build(config_, config, task, False, **given)
@@ -329,40 +329,41 @@ def hf_protocol(task: str):
     return drive
 
 
-def decoder_protocol(phase):
+def decoder_protocol(device: str = "meta"):
     from pipeline.measuring import decoder
 
     shape = decoder.Shape(layers=2, width=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=64)
     run = {**decoder.RUN_DEFAULTS, "batch": 2, "prompt": 8, "new_tokens": 6, "dtype": "bfloat16"}
-    decoder.measure_rows(torch, shape, run, 0, torch.device("meta"), [], phase=phase)
+    return lambda phase: decoder.measure_rows(
+        torch, shape, run, 0, torch.device(device), [], phase=phase
+    )
 
 
-def inference_mode_views(phase):
+def inference_mode_views(device: str):
     """Views of one signature on a normal tensor (as a parameter is) and on tensors made under
     inference mode: a view of the first is normal, of the others an inference tensor."""
 
     def run():
-        weight = torch.zeros(4, 8, device="meta")
+        weight = torch.zeros(4, 8, device=device)
         with torch.inference_mode():
             for _ in range(12):
-                made = torch.zeros(4, 8, device="meta")
+                made = torch.zeros(4, 8, device=device)
                 for base in (made, weight):
                     base.t().sum()
 
-    phase("one", run)
+    return lambda phase: phase("one", run)
 
 
-WORKLOADS = {
-    "views under inference mode": lambda: inference_mode_views,
-    "modules and AdamW": lambda: protocol("meta"),
-    "decoder generating": lambda: decoder_protocol,
-    "llama training": lambda: hf_protocol("training"),
-    "llama generating": lambda: hf_protocol("generate"),
+WORKLOADS = {  # name -> device -> the drive of tp.run_trace
+    "views under inference mode": inference_mode_views,
+    "modules and AdamW": protocol,
+    "decoder generating": decoder_protocol,
+    "llama training": lambda device: hf_protocol("training", device),
+    "llama generating": lambda device: hf_protocol("generate", device),
 }
 
 
-@pytest.mark.parametrize("name", sorted(WORKLOADS))
-def test_calls_the_recorder_answers_leave_the_trace_as_the_fake_mode_makes_it(monkeypatch, name):
+def answered_and_plain(monkeypatch, name: str, device: str):
     """Views, in-place calls and calls making new tensors, of a signature already seen, are
     answered without the fake mode (Recorder.viewed, Recorder.in_place, Recorder.made): every
     event, signature and predicted counter the same as with every call through it. The
@@ -380,7 +381,7 @@ def test_calls_the_recorder_answers_leave_the_trace_as_the_fake_mode_makes_it(mo
     for answering in (False, True):
         monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", answering)
         torch.manual_seed(0)
-        traces[answering] = tp.run_trace(torch, "meta", WORKLOADS[name]())
+        traces[answering] = tp.run_trace(torch, device, WORKLOADS[name](device))
         if not answering:
             assert answered == {}
     plain, quick = traces[False], traces[True]
@@ -394,6 +395,20 @@ def test_calls_the_recorder_answers_leave_the_trace_as_the_fake_mode_makes_it(mo
         s.calls for s in plain.signatures.values()
     ]
     assert tp.predict(quick).rows == tp.predict(plain).rows
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_calls_the_recorder_answers_leave_the_trace_as_the_fake_mode_makes_it(monkeypatch, name):
+    answered_and_plain(monkeypatch, name, "meta")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_on_a_gpus_fake_tensors_the_answers_would_leave_the_trace_as_it_is(monkeypatch, name):
+    """The comparison on the GPU's fake tensors, as the trace beside a measurement makes them:
+    where it passes, ANSWERED_ON may take "cuda" too."""
+    monkeypatch.setattr(tp, "ANSWERED_ON", ("meta", "cuda"))
+    answered_and_plain(monkeypatch, name, "cuda:0")
 
 
 def test_an_in_place_call_that_changes_its_tensor_goes_through_the_fake_mode_each_time():

@@ -976,9 +976,12 @@ class OperatorFacts:
 # Whether the recorder answers a call already seen (the same signature) of an in-place or view
 # operator, or of one that makes new tensors, itself, as FakeTensorMode's dispatch cache would,
 # without that cache's key (Recorder.in_place, .viewed, .made). False: every call goes through
-# FakeTensorMode, the oracle tests/test_trace_speed.py compares the traces with. Not on a GPU's
-# fake tensors (the trace beside a measurement) until the two have been compared there.
+# FakeTensorMode, the oracle tests/test_trace_speed.py compares the traces with.
 KNOWN_CALLS_ANSWERED = True
+# The devices whose fake tensors get those answers: the meta device's (the GPU-free estimate),
+# not yet a GPU's (the trace beside a measurement), until a GPU run of that comparison
+# (test_trace_speed.py's GPU test) has shown the two the same there.
+ANSWERED_ON = ("meta",)
 
 # How the recorder learns that a storage's last reference went: "callback", a weak reference
 # to the storage's Python object, which PyTorch keeps as long as the storage lives and drops
@@ -1038,9 +1041,8 @@ def make_recorder(torch):
             self.outputs: dict = {}  # (signature, *creation_state) -> fake_outputs_recipe
             self.described: dict = {}  # dtype or device -> its part of a description
             self.written: dict = {}  # written_into_out's answers, by shapes and dtypes
-            # Answers (in_place, viewed, made) on the meta device only, the GPU-free estimate:
-            # not yet compared with the fake mode's on a GPU's fake tensors.
-            self.answers = KNOWN_CALLS_ANSWERED and self.target.type == "meta" and not tracer.real
+            answered_here = self.target.type in ANSWERED_ON
+            self.answers = KNOWN_CALLS_ANSWERED and answered_here and not tracer.real
             if self.target.type == "meta":  # on_target, in one step (asked a million times)
                 self.on_target = lambda tensor: tensor.device.type == "meta"
 
