@@ -488,3 +488,20 @@ def test_a_trace_on_a_gpus_fake_tensors_answers_nothing_itself(monkeypatch):
     assert not recorders["cuda:0"].answers
     monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", False)
     assert not tp.make_recorder(torch)(tp.Tracer(torch, "meta", True, None)).answers
+
+
+@pytest.mark.parametrize(
+    ("op", "pure"),
+    [
+        (torch.ops.aten.mm.default, True),
+        (torch.ops.aten.cat.default, True),
+        (torch.ops.aten.nonzero.default, False),  # its shape comes from values
+        (torch.ops.aten.index.Tensor, False),  # by a mask: the same
+        (torch.ops.aten.add_.Tensor, False),  # writes into its first argument
+        (torch.ops.aten.mul.out, False),  # writes into `out`
+        (torch.ops.aten.transpose.int, False),  # a view
+    ],
+)
+def test_only_operators_whose_outputs_follow_their_arguments_descriptions_are_answered(op, pure):
+    recorder = tp.make_recorder(torch)(tp.Tracer(torch, "meta", True, None))
+    assert recorder.facts(op).pure is pure

@@ -970,7 +970,7 @@ class OperatorFacts:
     view: bool
     in_place_candidate: bool  # in IN_PLACE_CANDIDATES
     returns_first: bool  # writes into its first argument and returns it (add_, copy_, ...)
-    pure: bool  # an aten operator that writes into no argument and is no view (mm, cat, ...)
+    pure: bool  # aten, writes into no argument, no view, shapes not from values (mm, cat, ...)
 
 
 # Whether the recorder answers a call already seen (the same signature) of an in-place or view
@@ -1015,6 +1015,8 @@ def make_recorder(torch):
     aten = torch.ops.aten
     POINTWISE_OUT = {aten.mul.out, aten.add.out, aten.sub.out}
     RNN = torch_private.cudnn_rnn_operators(torch)[0]  # seeded (dropout); cudnn_rnn's fake kernel
+    # Operators whose outputs may take their shapes from values: FakeTensorMode caches none.
+    value_shaped = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
     PRIM_DEVICE = torch.ops.prim.device.default  # a third of a decoder trace's calls
     device_of_fake = torch_private.fake_device_answer()
     Tensor = torch.Tensor
@@ -1071,7 +1073,10 @@ def make_recorder(torch):
                     view=bool(func.is_view),
                     in_place_candidate=name in IN_PLACE_CANDIDATES,
                     returns_first=returns_first(schema),
-                    pure=func.namespace == "aten" and not schema.is_mutable and not func.is_view,
+                    pure=func.namespace == "aten"
+                    and not (
+                        schema.is_mutable or func.is_view or value_shaped.intersection(func.tags)
+                    ),
                 )
             return found
 
