@@ -505,3 +505,36 @@ def test_a_trace_on_a_gpus_fake_tensors_answers_nothing_itself(monkeypatch):
 def test_only_operators_whose_outputs_follow_their_arguments_descriptions_are_answered(op, pure):
     recorder = tp.make_recorder(torch)(tp.Tracer(torch, "meta", True, None))
     assert recorder.facts(op).pure is pure
+
+
+@pytest.mark.parametrize("name", ["TransformerEncoder", "TransformerDecoder", "MultiheadAttention",
+                                  "LSTM", "GRU", "convolutions and norms", "LayerNorm RMSNorm",
+                                  "tensors from data", "a schedule on the host"])  # fmt: skip
+def test_torch_nn_modules_traced_for_the_h200_are_the_same_answered_or_not(monkeypatch, name):
+    """torch.nn's own modules (test_trace_builtins.py's), a bfloat16 training step predicted
+    for the H200 (cuDNN's recurrent calls, the attention rule): the same trace either way."""
+    from test_trace_builtins import MODULES
+    from test_trace_builtins import protocol as module_protocol
+
+    from pipeline.predicting import attention_choice
+
+    made = collections.Counter()
+    original = tp.torch_private.fake_outputs
+
+    def counted(*args):
+        made["outputs"] += 1
+        return original(*args)
+
+    monkeypatch.setattr(tp.torch_private, "fake_outputs", counted)
+    traces = {}
+    for answering in (False, True):
+        monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", answering)
+        torch.manual_seed(0)
+        drive = module_protocol(MODULES[name], "meta", torch.bfloat16, True)
+        traces[answering] = tp.run_trace(torch, "meta", drive, target=attention_choice.H200)
+    plain, quick = traces[False], traces[True]
+    assert plain.stopped is None
+    assert made["outputs"] > 0
+    assert quick.events == plain.events
+    assert quick.signatures.keys() == plain.signatures.keys()
+    assert tp.predict(quick).rows == tp.predict(plain).rows
