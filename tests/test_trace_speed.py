@@ -405,9 +405,8 @@ def test_calls_the_recorder_answers_leave_the_trace_as_the_fake_mode_makes_it(mo
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_on_a_gpus_fake_tensors_the_answers_would_leave_the_trace_as_it_is(monkeypatch, name):
-    """The comparison on the GPU's fake tensors, as the trace beside a measurement makes them:
-    where it passes, ANSWERED_ON may take "cuda" too."""
-    monkeypatch.setattr(tp, "ANSWERED_ON", ("meta", "cuda"))
+    """The comparison on the GPU's fake tensors, as the trace beside a measurement makes them
+    (ANSWERED_ON holds "cuda" on its ground)."""
     answered_and_plain(monkeypatch, name, "cuda:0")
 
 
@@ -476,18 +475,20 @@ def test_a_call_making_a_tensor_under_another_default_dtype_is_not_answered_as_b
     assert [op.outputs[0][2] for op in made] == [16, 32, 16]
 
 
-def test_a_trace_on_a_gpus_fake_tensors_answers_nothing_itself(monkeypatch):
-    """The answers are compared with the fake mode's on the meta device only (a CPU-only
-    PyTorch cannot trace a GPU's fake tensors): the trace beside a measurement, on the GPU's
-    fake tensors, sends every call through the fake mode."""
-    recorders = {
-        device: tp.make_recorder(torch)(tp.Tracer(torch, device, True, None))
-        for device in ("meta", "cuda:0")
-    }
-    assert recorders["meta"].answers
-    assert not recorders["cuda:0"].answers
+def test_the_answers_are_given_on_the_devices_named_and_never_on_real_tensors(monkeypatch):
+    """The meta device's fake tensors (the estimate) and a GPU's (the trace beside a
+    measurement) get the answers; a device not named, or a trace of real tensors, does not."""
+
+    def answers(device, fake=True):
+        return tp.make_recorder(torch)(tp.Tracer(torch, device, fake, None)).answers
+
+    assert answers("meta")
+    assert answers("cuda:0")
+    assert not answers("cpu", fake=False)
+    monkeypatch.setattr(tp, "ANSWERED_ON", ("meta",))
+    assert not answers("cuda:0")
     monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", False)
-    assert not tp.make_recorder(torch)(tp.Tracer(torch, "meta", True, None)).answers
+    assert not answers("meta")
 
 
 @pytest.mark.parametrize(

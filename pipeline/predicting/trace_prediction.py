@@ -978,10 +978,11 @@ class OperatorFacts:
 # without that cache's key (Recorder.in_place, .viewed, .made). False: every call goes through
 # FakeTensorMode, the oracle tests/test_trace_speed.py compares the traces with.
 KNOWN_CALLS_ANSWERED = True
-# The devices whose fake tensors get those answers: the meta device's (the GPU-free estimate),
-# not yet a GPU's (the trace beside a measurement), until a GPU run of that comparison
-# (test_trace_speed.py's GPU test) has shown the two the same there.
-ANSWERED_ON = ("meta",)
+# The devices whose fake tensors get those answers: the meta device's (the GPU-free estimate)
+# and a GPU's (the trace beside a measurement), where test_trace_speed.py's GPU test makes the
+# same comparison (it passed on an H100, and the 8B decoder's measurement predicted the same
+# bytes with the answers and without: runs/20261205T230100Z-h100-gpu-tests-answers/).
+ANSWERED_ON = ("meta", "cuda")
 
 # How the recorder learns that a storage's last reference went: "callback", a weak reference
 # to the storage's Python object, which PyTorch keeps as long as the storage lives and drops
