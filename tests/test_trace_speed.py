@@ -363,20 +363,26 @@ WORKLOADS = {  # name -> device -> the drive of tp.run_trace
 }
 
 
+def counted_calls(monkeypatch, *names) -> collections.Counter:
+    """Calls of each named torch_private function from here on, by name."""
+    calls = collections.Counter()
+    for name in names:
+        original = getattr(tp.torch_private, name)
+
+        def counted(*args, name=name, original=original):
+            calls[name] += 1
+            return original(*args)
+
+        monkeypatch.setattr(tp.torch_private, name, counted)
+    return calls
+
+
 def answered_and_plain(monkeypatch, name: str, device: str):
     """Views, in-place calls and calls making new tensors, of a signature already seen, are
     answered without the fake mode (Recorder.viewed, Recorder.in_place, Recorder.made): every
     event, signature and predicted counter the same as with every call through it. The
     answers are counted, so that the test cannot pass by never taking them."""
-    answered = collections.Counter()
-    for what in ("fake_view", "fake_holds_value", "fake_outputs"):
-        original = getattr(tp.torch_private, what)
-
-        def counted(*args, what=what, original=original):
-            answered[what] += 1
-            return original(*args)
-
-        monkeypatch.setattr(tp.torch_private, what, counted)
+    answered = counted_calls(monkeypatch, "fake_view", "fake_holds_value", "fake_outputs")
     traces = {}
     for answering in (False, True):
         monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", answering)
@@ -519,14 +525,7 @@ def test_torch_nn_modules_traced_for_the_h200_are_the_same_answered_or_not(monke
 
     from pipeline.predicting import attention_choice
 
-    made = collections.Counter()
-    original = tp.torch_private.fake_outputs
-
-    def counted(*args):
-        made["outputs"] += 1
-        return original(*args)
-
-    monkeypatch.setattr(tp.torch_private, "fake_outputs", counted)
+    made = counted_calls(monkeypatch, "fake_outputs")
     traces = {}
     for answering in (False, True):
         monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", answering)
@@ -535,7 +534,7 @@ def test_torch_nn_modules_traced_for_the_h200_are_the_same_answered_or_not(monke
         traces[answering] = tp.run_trace(torch, "meta", drive, target=attention_choice.H200)
     plain, quick = traces[False], traces[True]
     assert plain.stopped is None
-    assert made["outputs"] > 0
+    assert made["fake_outputs"] > 0
     assert quick.events == plain.events
     assert quick.signatures.keys() == plain.signatures.keys()
     assert tp.predict(quick).rows == tp.predict(plain).rows

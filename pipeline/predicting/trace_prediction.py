@@ -1138,14 +1138,14 @@ def make_recorder(torch):
             if condition is True or (condition and condition(args, kwargs)):
                 with self:
                     return torch_private.composite_function(torch, func, args, kwargs)
-            if facts.returns_first and self.answers:
-                return self.in_place(func, args, kwargs, facts)
-            if facts.view and self.answers:
-                return self.viewed(func, args, kwargs, facts)
-            if facts.seeded and not self.tracer.real:
+            if facts.seeded and not self.tracer.real:  # random: before any answer
                 out = self.seeded(func, args, kwargs)
                 torch_private.forget_converted_tensors(self.tracer.fake)
-            elif facts.pure and self.answers:
+            elif self.answers and facts.returns_first:
+                return self.in_place(func, args, kwargs, facts)
+            elif self.answers and facts.view:
+                return self.viewed(func, args, kwargs, facts)
+            elif self.answers and facts.pure:
                 return self.made(func, args, kwargs, facts)
             else:
                 out = self.called(func, args, kwargs)
