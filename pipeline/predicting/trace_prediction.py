@@ -44,7 +44,13 @@ import re
 import weakref
 
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
-from pipeline.predicting import cudnn_rnn, kernel_formulas, reduce_scratch, segment_order
+from pipeline.predicting import (
+    cudnn_rnn,
+    fused_cells,
+    kernel_formulas,
+    reduce_scratch,
+    segment_order,
+)
 
 
 class PredictionStatus(str, enum.Enum):
@@ -518,6 +524,7 @@ class Tracer:
                 self._patch_deepcopy()
                 self._patch_fast_paths()
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
+                self._undo.append(fused_cells.add_fake_kernels(self.torch))
                 if self.target is not None and self.target.cudnn() is not None:
                     self._undo.append(cudnn_rnn.add_fake_kernels(self.torch))
                     self._patch_rnn_flatten()
@@ -647,6 +654,7 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     from torch.overrides import TorchFunctionMode
 
     recurrent = (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)
+    cells = (torch.lstm_cell, torch.gru_cell)
     functions = {
         torch.nn.functional.scaled_dot_product_attention: "scaled_dot_product_attention",
         torch.nn.functional.batch_norm: "batch_norm",
@@ -683,6 +691,8 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
                     return routed
             if not meta:
                 return func(*args, **kwargs)
+            if func in cells and target is not None and args and args[0].dim() == 2:
+                return fused_cells.cell_as_on_gpu(torch, func, args, kwargs)
             if func in dropouts:
                 fused = dropout_as_on_gpu(torch, dropouts[func], args, kwargs)
                 if fused is not None:
@@ -1772,6 +1782,9 @@ class Calibration:
             return cumsum_template(call_arguments(call))
         if call.name in BY_SOURCE:
             return by_source_template(call.name, call_arguments(call), list(call.leaves))
+        if call.name in fused_cells.OPERATORS:
+            arguments = call_arguments(call)
+            return fused_cells.by_source_template(call.name, arguments, self.reduce_device)
         found = reduce_scratch.template_of_call(call.name, call_arguments(call), self.reduce_device)
         return None if found is None else [template_step(step) for step in found]
 

@@ -10,7 +10,9 @@ POINTS.txt holds one point a line, `#` starting a comment:
     NAME CONFIG TASK FLAGS... [| ESTIMATE-ONLY FLAGS...]
     @estimate FLAGS...        (estimate-only flags for every point below, e.g. --gpu h200)
 
-CONFIG is a path, or a file name under tests/data/hf-configs/. FLAGS go to both
+CONFIG is a path, or a file name under tests/data/hf-configs/; or a workload of one's own,
+FILE.py:FUNCTION (`own_model.py --workload`), whose TASK (training or inference) says what
+the function runs and is not passed on. FLAGS go to both
 `own_model.py estimate` and `own_model.py measure` (--batch, --dtype, --dim sequence=S,
 --new-tokens, --lora-rank, --gradient-checkpointing...); the flags after `|`, and those of
 the last `@estimate` line, go to the estimate only: this script knows no flag of its own
@@ -103,6 +105,8 @@ def read_points(text: str) -> list[Point]:
             raise PointsError(f"line {number}: {name} named twice")
         if task not in TASKS:
             raise PointsError(f"line {number}: task {task!r} is not one of {', '.join(TASKS)}")
+        if is_workload(config) and task not in ("training", "inference"):
+            raise PointsError(f"line {number}: a workload's task is training or inference")
         names.add(name)
         points.append(
             Point(name, config, task, tuple(flags), estimate_default + tuple(shlex.split(only)))
@@ -148,9 +152,18 @@ def copy_points(points_file: Path, out: Path) -> None:
 # ---------------------------------------------------------------- running
 
 
+def is_workload(config: str) -> bool:
+    """FILE.py:FUNCTION, a workload function rather than a Hugging Face config."""
+    return re.fullmatch(r".+\.py:[A-Za-z_][A-Za-z0-9_]*", config) is not None
+
+
 def own_model(verb: str, point: Point, *extra: str) -> list[str]:
     argv = [sys.executable, "-m", "pipeline.measuring.own_model", verb]
-    argv += ["--hf-config", str(config_path(point.config)), "--task", point.task]
+    if is_workload(point.config):
+        file, _, function = point.config.rpartition(":")
+        argv += ["--workload", f"{config_path(file)}:{function}"]
+    else:
+        argv += ["--hf-config", str(config_path(point.config)), "--task", point.task]
     return argv + list(point.flags) + list(extra)
 
 
@@ -401,7 +414,7 @@ def started(log: dict) -> bool:
 
 
 def summarise_point(point: Point, out: Path, predict_log: dict, measure_log: dict) -> dict:
-    path = config_path(point.config)
+    path = config_path(point.config.rpartition(":")[0] if is_workload(point.config) else point.config)
     cpu = read_document(out / "cpu" / f"{point.name}.json")
     h200 = read_document(out / "h200" / f"{point.name}.json")
     settings = flag_settings(point.flags)

@@ -1,0 +1,153 @@
+"""LSTMCell and GRUCell as a GPU runs them, for a trace made for that GPU.
+
+On a CUDA input, ATen's LSTMCell and GRUCell (aten/src/ATen/native/RNN.cpp, the `operator()`
+of `LSTMCell` and `GRUCell`, which `lstm_cell` and `gru_cell` call) compute the gates' two
+products with `matmul(input, w_ih.t())` and `matmul(h, w_hh.t())`, without the biases, and
+hand them to one fused kernel, `_thnn_fused_lstm_cell` or `_thnn_fused_gru_cell`, which adds
+the biases itself and returns a workspace that autograd saves for backward. The meta device
+runs the cell gate by gate instead: other operators, other blocks. With a target GPU, the
+trace makes the GPU's calls (`cell_as_on_gpu`).
+
+The kernels' blocks, from aten/src/ATen/native/cuda/RNN.cu, in the order they are allocated
+(`by_source_template`; outputs only, but not in the order they are returned):
+
+- `_thnn_fused_lstm_cell`: the workspace (like the input gates, [batch, 4 x hidden]), then
+  h' and c'; it returns (h', c', workspace);
+- `_thnn_fused_lstm_cell_backward_impl`: the gates' gradient ([batch, 4 x hidden]), c's
+  gradient, then, with biases, the gates' gradient summed over the batch (`sum(0)`: a
+  reduction, whose staging blocks on the GPU are reduce_scratch's);
+- `_thnn_fused_gru_cell`: the workspace ([batch, 5 x hidden]), then h'; returns (h',
+  workspace);
+- `_thnn_fused_gru_cell_backward`: the input gates' and hidden gates' gradients ([batch,
+  3 x hidden] each), h's gradient, then, with biases, each gates' gradient summed over the
+  batch.
+
+PyTorch has no meta kernels for the GRU's two operators, and the LSTM's forward one fails
+for a cell without biases: the trace gives those fake kernels of its own
+(`add_fake_kernels`), with the outputs above.
+
+Standard library only (torch is passed in).
+"""
+
+from __future__ import annotations
+
+from pipeline.core import torch_private
+from pipeline.predicting import reduce_scratch
+
+LSTM_CELL = "aten._thnn_fused_lstm_cell.default"
+LSTM_CELL_BACKWARD = "aten._thnn_fused_lstm_cell_backward_impl.default"
+GRU_CELL = "aten._thnn_fused_gru_cell.default"
+GRU_CELL_BACKWARD = "aten._thnn_fused_gru_cell_backward.default"
+OPERATORS = (LSTM_CELL, LSTM_CELL_BACKWARD, GRU_CELL, GRU_CELL_BACKWARD)
+GRU_WORKSPACE_MULTIPLIER = 5  # RNN.cu
+CELL_PARAMETERS = ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh")
+
+
+def cell_as_on_gpu(torch, func, args, kwargs):
+    """torch.lstm_cell or torch.gru_cell as RNN.cpp runs it on a CUDA input: the two
+    products, then the fused kernel; (h', c') or h'."""
+    call = {"b_ih": None, "b_hh": None, **dict(zip(CELL_PARAMETERS, args, strict=False)), **kwargs}
+    x, hidden, w_ih, w_hh = call["input"], call["hx"], call["w_ih"], call["w_hh"]
+    aten = torch.ops.aten
+    if func is torch.lstm_cell:
+        hx, cx = hidden
+        igates = torch.matmul(x, w_ih.t())
+        hgates = torch.matmul(hx, w_hh.t())
+        hy, cy, _workspace = aten._thnn_fused_lstm_cell(igates, hgates, cx, call["b_ih"], call["b_hh"])
+        return hy, cy
+    igates = torch.matmul(x, w_ih.t())
+    hgates = torch.matmul(hidden, w_hh.t())
+    return aten._thnn_fused_gru_cell(igates, hgates, hidden, call["b_ih"], call["b_hh"])[0]
+
+
+def _lstm_forward(fake_mode, func, input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    with fake_mode:
+        workspace = input_gates.new_empty(input_gates.shape)
+        return cx.new_empty(cx.shape), cx.new_empty(cx.shape), workspace
+
+
+def _gru_forward(fake_mode, func, input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    with fake_mode:
+        batch, hidden = hx.shape
+        workspace = hx.new_empty((batch, hidden * GRU_WORKSPACE_MULTIPLIER))
+        return hx.new_empty((batch, hidden)), workspace
+
+
+def _gru_backward(fake_mode, func, grad_hy, workspace, has_bias):
+    with fake_mode:
+        batch, hidden = workspace.size(0), workspace.size(1) // GRU_WORKSPACE_MULTIPLIER
+        grad_input_gates = workspace.new_empty((batch, hidden * 3))
+        grad_hidden_gates = workspace.new_empty((batch, hidden * 3))
+        grad_hx = grad_hy.new_empty(grad_hy.shape)
+        biases = (
+            (grad_input_gates.new_empty(hidden * 3), grad_hidden_gates.new_empty(hidden * 3))
+            if has_bias
+            else (None, None)
+        )
+    return grad_input_gates, grad_hidden_gates, grad_hx, *biases
+
+
+def add_fake_kernels(torch):
+    """Fake kernels for the trace's time: the GRU cell's operators have no meta kernel, and
+    the LSTM cell's refuses a cell without biases (its size check reads `None.device`);
+    returns the undo."""
+    aten = torch.ops.aten
+    undo = [
+        torch_private.add_fake_kernel(aten._thnn_fused_lstm_cell.default, _lstm_forward),
+        torch_private.add_fake_kernel(aten._thnn_fused_gru_cell.default, _gru_forward),
+        torch_private.add_fake_kernel(aten._thnn_fused_gru_cell_backward.default, _gru_backward),
+    ]
+    return lambda: [step() for step in reversed(undo)]
+
+
+def _summed_over_batch(gradient, index: int, first_id: int, device) -> list | None:
+    """`gradient.sum(0)` into output `index`, with its staging blocks as ids from first_id."""
+    _, dtype, shape, stride, offset, _nbytes, _where = gradient
+    if len(shape) != 2:
+        return None
+    found = reduce_scratch.reduction_template(
+        "aten.sum.dim_IntList", (shape[0], shape[1]), tuple(stride), dtype, [0], False, None,
+        offset, device,
+    )  # fmt: skip
+    if found is None:
+        return None
+    steps = []
+    for step in found:
+        if step["kind"] == "output":
+            steps.append(("output", index, None))
+        elif step["kind"] == "internal":
+            steps.append(("internal", first_id + step["id"], step["bytes"]))
+        else:
+            steps.append(("free", first_id + step["id"]))
+    return steps
+
+
+def by_source_template(name: str, arguments: dict, device) -> list | None:
+    """The call's template (the module's docstring), or None where it is not known: a sum
+    outside reduce_scratch's port. The gradients the sums read are made by the call, so
+    their descriptions are the workspace's shape, contiguous, in its dtype."""
+    if name == LSTM_CELL:
+        return [("output", 2, None), ("output", 0, None), ("output", 1, None)]
+    if name == GRU_CELL:
+        return [("output", 1, None), ("output", 0, None)]
+    workspace = arguments.get("workspace")
+    if not (isinstance(workspace, tuple) and len(workspace) == 7 and workspace[0] == "tensor"):
+        return None
+    _, dtype, (batch, width), _stride, _offset, _nbytes, where = workspace
+    if name == LSTM_CELL_BACKWARD:
+        steps = [("output", 0, None), ("output", 1, None)]
+        if not arguments.get("has_bias"):
+            return steps
+        gates = ("tensor", dtype, [batch, width], [width, 1], 0, None, where)
+        summed = _summed_over_batch(gates, 2, 0, device)
+        return None if summed is None else steps + summed
+    if name == GRU_CELL_BACKWARD:
+        steps = [("output", 0, None), ("output", 1, None), ("output", 2, None)]
+        if not arguments.get("has_bias"):
+            return steps
+        gates = width // GRU_WORKSPACE_MULTIPLIER * 3
+        gradient = ("tensor", dtype, [batch, gates], [gates, 1], 0, None, where)
+        first = _summed_over_batch(gradient, 3, 0, device)
+        second = _summed_over_batch(gradient, 4, 2, device)
+        return None if first is None or second is None else steps + first + second
+    return None
