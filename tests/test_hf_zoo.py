@@ -251,6 +251,30 @@ def test_points_lines_flags_and_estimate_only_flags():
             zoo.read_points(bad)
 
 
+def test_a_point_may_name_a_workload_function_instead_of_a_config():
+    """FILE.py:FUNCTION goes to own_model.py as --workload, without --task (the function
+    says what it runs); its task column is training or inference, for the summary."""
+    points = zoo.read_points(
+        "a pipeline/workloads/cell_decoder.py:lstm_cell_decoder training --batch 4\n"
+        "b gpt2.json training --batch 4\n"
+    )
+    workload = zoo.own_model("estimate", points[0], "--json")
+    file, _, function = workload[workload.index("--workload") + 1].rpartition(":")
+    assert (Path(file).resolve(), function) == (
+        ROOT / "pipeline/workloads/cell_decoder.py",
+        "lstm_cell_decoder",
+    )
+    assert "--task" not in workload
+    assert "--hf-config" not in workload
+    assert workload[-3:] == ["--batch", "4", "--json"]
+    config = zoo.own_model("estimate", points[1])
+    assert "--workload" not in config
+    assert config[config.index("--task") + 1] == "training"
+    for task in ("generate", "lora"):
+        with pytest.raises(zoo.PointsError, match="training or inference"):
+            zoo.read_points(f"a pipeline/workloads/cell_decoder.py:lstm_cell_decoder {task}\n")
+
+
 def test_measure_takes_a_subset_by_name_or_by_shard():
     points = zoo.read_points("".join(f"p{i} gpt2.json inference\n" for i in range(7)))
     names = lambda chosen: [p.name for p in chosen]  # noqa: E731

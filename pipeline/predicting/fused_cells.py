@@ -53,20 +53,21 @@ def cell_as_on_gpu(torch, func, args, kwargs):
         hx, cx = hidden
         igates = torch.matmul(x, w_ih.t())
         hgates = torch.matmul(hx, w_hh.t())
-        hy, cy, _workspace = aten._thnn_fused_lstm_cell(igates, hgates, cx, call["b_ih"], call["b_hh"])
+        biases = call["b_ih"], call["b_hh"]
+        hy, cy, _workspace = aten._thnn_fused_lstm_cell(igates, hgates, cx, *biases)
         return hy, cy
     igates = torch.matmul(x, w_ih.t())
     hgates = torch.matmul(hidden, w_hh.t())
     return aten._thnn_fused_gru_cell(igates, hgates, hidden, call["b_ih"], call["b_hh"])[0]
 
 
-def _lstm_forward(fake_mode, func, input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+def _lstm_forward(fake_mode, func, input_gates, hidden_gates, cx, *_biases):
     with fake_mode:
         workspace = input_gates.new_empty(input_gates.shape)
         return cx.new_empty(cx.shape), cx.new_empty(cx.shape), workspace
 
 
-def _gru_forward(fake_mode, func, input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+def _gru_forward(fake_mode, func, input_gates, hidden_gates, hx, *_biases):
     with fake_mode:
         batch, hidden = hx.shape
         workspace = hx.new_empty((batch, hidden * GRU_WORKSPACE_MULTIPLIER))

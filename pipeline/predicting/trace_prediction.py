@@ -196,7 +196,8 @@ META_CHOICES = {
     "layers step by step where a GPU runs cuDNN's fused kernels, with their own workspace",
     "recurrent cells": "traced on the meta device (no GPU), PyTorch runs LSTMCell and GRUCell "
     "gate by gate where a GPU runs one fused kernel (_thnn_fused_lstm_cell, "
-    "_thnn_fused_gru_cell) that saves its own workspace for backward",
+    "_thnn_fused_gru_cell) that saves its own workspace for backward (--gpu NAME traces the "
+    "GPU's calls)",
 }
 # Operators whose scratch on a GPU depends on the tensors' values, which neither a fake
 # tensor nor a probe on zeros has: calibrated or not, the prediction for them is approximate.

@@ -414,7 +414,8 @@ def started(log: dict) -> bool:
 
 
 def summarise_point(point: Point, out: Path, predict_log: dict, measure_log: dict) -> dict:
-    path = config_path(point.config.rpartition(":")[0] if is_workload(point.config) else point.config)
+    workload = is_workload(point.config)
+    path = config_path(point.config.rpartition(":")[0] if workload else point.config)
     cpu = read_document(out / "cpu" / f"{point.name}.json")
     h200 = read_document(out / "h200" / f"{point.name}.json")
     settings = flag_settings(point.flags)
