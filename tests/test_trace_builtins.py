@@ -237,15 +237,6 @@ def test_a_deep_copy_of_a_fake_module_stays_in_the_traces_mode():
     assert row["peak_allocated_bytes"] >= 3 * one_layer  # and the layer given
 
 
-def test_the_fused_fast_path_of_inference_is_named():
-    """In inference a real run of nn.TransformerEncoderLayer takes fused kernels that the
-    trace cannot: the prediction names it; in training there is no fast path to name."""
-    inference = tp.run_trace(torch, "meta", protocol(encoder, "meta", torch.float32, False))
-    assert "TransformerEncoderLayer fast path" in inference.notes
-    training = tp.run_trace(torch, "meta", protocol(encoder, "meta", torch.float32, True))
-    assert not any("fast path" in note for note in training.notes)
-
-
 @pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN], ids=lambda k: k.__name__)
 def test_recurrent_layers_traced_without_a_gpu_say_a_gpu_runs_cudnn(kind):
     """On the meta device the recurrence is traced step by step; a GPU runs cuDNN's fused

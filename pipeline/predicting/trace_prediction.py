@@ -46,6 +46,7 @@ import weakref
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
 from pipeline.predicting import (
     cudnn_rnn,
+    fast_paths,
     fused_cells,
     kernel_formulas,
     reduce_scratch,
@@ -382,14 +383,7 @@ IN_PLACE_IN_A_REAL_RUN = {
     f"{BACKWARD}ProdBackward0::apply": {"aten.cumprod.default": "other"},
     f"{BACKWARD}ProdBackward1::apply": {"aten.cumprod.default": "other"},
 }
-FAST_PATH_FILES = (
-    os.path.join("nn", "modules", "transformer.py"),
-    os.path.join("nn", "modules", "activation.py"),
-)
-FAST_PATH = (
-    "a real run takes PyTorch's fused kernels here (the fast path of inference), which the "
-    "trace cannot follow (its tensors are a subclass): it traced the general path instead"
-)
+FAST_PATH = fast_paths.NOTE
 OTHER_WAY = (
     "a real run takes another way here than the trace, with sizes that depend on the "
     "tensors' values"
@@ -611,27 +605,10 @@ class Tracer:
         self._undo.append(lambda: setattr(rnn_base, "flatten_parameters", original))
 
     def _patch_fast_paths(self) -> None:
-        """nn.MultiheadAttention, TransformerEncoderLayer and TransformerEncoder take
-        PyTorch's fused kernels (the "fast path": inference, batch first, ...) only when no
-        tensor argument has a torch function, which fake tensors always have: there the
-        trace follows the slow path and a real run does not. Asked at that very check, the
-        answer is noted: the module, and why the prediction is approximate."""
-        import sys
-
-        overrides = self.torch.overrides
-        original = overrides.has_torch_function
-        notes = self.trace.notes
-
-        def has_torch_function(args):
-            answer = original(args)
-            caller = sys._getframe(1)
-            if answer and caller.f_code.co_filename.endswith(FAST_PATH_FILES):
-                module = type(caller.f_locals.get("self")).__name__
-                notes.setdefault(f"{module} fast path", FAST_PATH)
-            return answer
-
-        overrides.has_torch_function = has_torch_function
-        self._undo.append(lambda: setattr(overrides, "has_torch_function", original))
+        """nn.MultiheadAttention and TransformerEncoderLayer take PyTorch's fused kernels in
+        inference only when no tensor argument has a torch function, which fake tensors
+        always have: the trace takes them where a GPU does (fast_paths.py)."""
+        self._undo.append(fast_paths.install(self.torch, self.trace.notes))
 
 
 def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
@@ -2527,6 +2504,10 @@ def scratch_bound(signature: Signature, outputs: int) -> int:
     scores = attention_scores(signature)
     if scores is not None:
         bound += MATH_SCORES * 4 * math.prod(scores)
+    if signature.name in fast_paths.FUSED and signature.spec is not None:
+        terms = fast_paths.scratch_terms(signature.name, call_arguments(signature))
+        if terms is not None:  # the fused kernels' scores and feed-forward, beside the rest
+            bound += MATH_SCORES * 4 * terms[0] + terms[1]
     return bound
 
 
