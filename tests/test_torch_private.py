@@ -700,3 +700,38 @@ def test_a_fake_kernel_added_is_taken_ahead_of_the_meta_kernel_and_removed_by_it
         undo()
     assert run()[3] == 0
     assert seen == [forward]
+
+
+def test_the_fused_cell_operators_have_the_arguments_fused_cells_reads():
+    """fused_cells.by_source_template reads `workspace` and `has_bias` of the backwards; the
+    LSTM's forward has a meta kernel, the GRU's two operators none (the trace adds its own)."""
+    operators = tpv.fused_cell_operators(torch)
+    names = {key: [a.name for a in op._schema.arguments] for key, op in operators.items()}
+    assert names["lstm"] == ["input_gates", "hidden_gates", "cx", "input_bias", "hidden_bias"]
+    assert names["gru"] == ["input_gates", "hidden_gates", "hx", "input_bias", "hidden_bias"]
+    assert names["gru_backward"] == ["grad_hy", "workspace", "has_bias"]
+    backward = torch.ops.aten._thnn_fused_lstm_cell_backward_impl.default
+    assert [a.name for a in backward._schema.arguments][-2:] == ["workspace", "has_bias"]
+    gates, bias = torch.empty(4, 32, device="meta"), torch.empty(32, device="meta")
+    hy, cy, workspace = operators["lstm"](
+        gates, gates, torch.empty(4, 8, device="meta"), bias, bias
+    )
+    assert (hy.shape, cy.shape, workspace.shape) == ((4, 8), (4, 8), (4, 32))
+    with pytest.raises(NotImplementedError):
+        operators["gru"](gates[:, :24], gates[:, :24], torch.empty(4, 8, device="meta"))
+
+
+def test_the_fast_path_operators_take_what_the_modules_give_them():
+    """fast_paths.scratch_terms reads src, num_heads and ffn_weight_1, and query, key and
+    num_head; both operators have meta kernels that make the outputs."""
+    layer, attention = tpv.fast_path_operators(torch)
+    layer_names = [a.name for a in layer._schema.arguments]
+    assert layer_names[:3] == ["src", "embed_dim", "num_heads"]
+    assert "ffn_weight_1" in layer_names
+    assert [a.name for a in attention._schema.arguments][:5] == [
+        "query", "key", "value", "embed_dim", "num_head"
+    ]  # fmt: skip
+    m = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
+    out, weights = attention(m(2, 5, 16), m(2, 5, 16), m(2, 5, 16), 16, 4, m(48, 16), m(48),
+                             m(16, 16), m(16), None, True, True, None)  # fmt: skip
+    assert (out.shape, weights.shape) == ((2, 5, 16), (2, 5, 5))

@@ -380,6 +380,25 @@ def cudnn_rnn_operators(torch) -> tuple:
     return torch.ops.aten._cudnn_rnn.default, torch.ops.aten._cudnn_rnn_backward.default
 
 
+def fused_cell_operators(torch) -> dict:
+    """The operators a GPU's LSTMCell and GRUCell call (RNN.cpp's CUDA branch), and the GRU
+    backward autograd records, which has no meta kernel (fused_cells.py): by name."""
+    aten = torch.ops.aten
+    return {
+        "lstm": aten._thnn_fused_lstm_cell.default,
+        "gru": aten._thnn_fused_gru_cell.default,
+        "gru_backward": aten._thnn_fused_gru_cell_backward.default,
+    }
+
+
+def fast_path_operators(torch) -> tuple:
+    """(_transformer_encoder_layer_fwd, _native_multi_head_attention): the fused operators
+    of nn.TransformerEncoderLayer's and nn.MultiheadAttention's inference fast path, which
+    the trace calls as those modules do (fast_paths.py)."""
+    aten = torch.ops.aten
+    return aten._transformer_encoder_layer_fwd.default, aten._native_multi_head_attention.default
+
+
 def add_fake_kernel(op, kernel):
     """Fake tensors take `kernel(fake_mode, op, *args, **kwargs)` for `op`, ahead of its meta
     kernel (cuDNN's recurrent layers: a reserve sized as on the GPU, and a backward that has

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 
+from pipeline.core import torch_private
 from pipeline.predicting.reduce_scratch import ELEMENT_SIZE
 
 FILES = (
@@ -60,7 +61,8 @@ def _encoder_layer_call(torch, layer, found: dict):
     merged_mask, mask_type = attention.merge_masks(
         found["src_mask"], found["src_key_padding_mask"], src
     )
-    return torch._transformer_encoder_layer_fwd(
+    fused = torch_private.fast_path_operators(torch)[0]
+    return fused(
         src, attention.embed_dim, attention.num_heads, attention.in_proj_weight,
         attention.in_proj_bias, attention.out_proj.weight, attention.out_proj.bias,
         layer.activation_relu_or_gelu == 2, layer.norm_first, layer.norm1.eps,
@@ -76,7 +78,8 @@ def _attention_call(torch, attention, found: dict):
     merged_mask, mask_type = attention.merge_masks(
         found["attn_mask"], found["key_padding_mask"], query
     )
-    return torch._native_multi_head_attention(
+    fused = torch_private.fast_path_operators(torch)[1]
+    return fused(
         query, found["key"], found["value"], attention.embed_dim, attention.num_heads,
         attention.in_proj_weight, attention.in_proj_bias, attention.out_proj.weight,
         attention.out_proj.bias, merged_mask, found["need_weights"],

@@ -48,17 +48,16 @@ def cell_as_on_gpu(torch, func, args, kwargs):
     products, then the fused kernel; (h', c') or h'."""
     call = {"b_ih": None, "b_hh": None, **dict(zip(CELL_PARAMETERS, args, strict=False)), **kwargs}
     x, hidden, w_ih, w_hh = call["input"], call["hx"], call["w_ih"], call["w_hh"]
-    aten = torch.ops.aten
+    operators, biases = torch_private.fused_cell_operators(torch), (call["b_ih"], call["b_hh"])
     if func is torch.lstm_cell:
         hx, cx = hidden
         igates = torch.matmul(x, w_ih.t())
         hgates = torch.matmul(hx, w_hh.t())
-        biases = call["b_ih"], call["b_hh"]
-        hy, cy, _workspace = aten._thnn_fused_lstm_cell(igates, hgates, cx, *biases)
+        hy, cy, _workspace = operators["lstm"](igates, hgates, cx, *biases)
         return hy, cy
     igates = torch.matmul(x, w_ih.t())
     hgates = torch.matmul(hidden, w_hh.t())
-    return aten._thnn_fused_gru_cell(igates, hgates, hidden, call["b_ih"], call["b_hh"])[0]
+    return operators["gru"](igates, hgates, hidden, *biases)[0]
 
 
 def _lstm_forward(fake_mode, func, input_gates, hidden_gates, cx, *_biases):
@@ -92,11 +91,11 @@ def add_fake_kernels(torch):
     """Fake kernels for the trace's time: the GRU cell's operators have no meta kernel, and
     the LSTM cell's refuses a cell without biases (its size check reads `None.device`);
     returns the undo."""
-    aten = torch.ops.aten
+    operators = torch_private.fused_cell_operators(torch)
     undo = [
-        torch_private.add_fake_kernel(aten._thnn_fused_lstm_cell.default, _lstm_forward),
-        torch_private.add_fake_kernel(aten._thnn_fused_gru_cell.default, _gru_forward),
-        torch_private.add_fake_kernel(aten._thnn_fused_gru_cell_backward.default, _gru_backward),
+        torch_private.add_fake_kernel(operators["lstm"], _lstm_forward),
+        torch_private.add_fake_kernel(operators["gru"], _gru_forward),
+        torch_private.add_fake_kernel(operators["gru_backward"], _gru_backward),
     ]
     return lambda: [step() for step in reversed(undo)]
 
