@@ -56,31 +56,25 @@ class _Taken(Exception):
 
 def _encoder_layer_call(torch, layer, found: dict):
     """The call TransformerEncoderLayer.forward makes on its fast path."""
-    src = found["src"]
-    attention = layer.self_attn
-    merged_mask, mask_type = attention.merge_masks(
-        found["src_mask"], found["src_key_padding_mask"], src
-    )
-    fused = torch_private.fast_path_operators(torch)[0]
-    return fused(
+    src, attention = found["src"], layer.self_attn
+    masks = attention.merge_masks(found["src_mask"], found["src_key_padding_mask"], src)
+    return torch_private.fast_path_operators(torch)[0](
         src, attention.embed_dim, attention.num_heads, attention.in_proj_weight,
         attention.in_proj_bias, attention.out_proj.weight, attention.out_proj.bias,
         layer.activation_relu_or_gelu == 2, layer.norm_first, layer.norm1.eps,
         layer.norm1.weight, layer.norm1.bias, layer.norm2.weight, layer.norm2.bias,
         layer.linear1.weight, layer.linear1.bias, layer.linear2.weight, layer.linear2.bias,
-        merged_mask, mask_type,
+        *masks,
     )  # fmt: skip
 
 
 def _attention_call(torch, attention, found: dict):
     """The call MultiheadAttention.forward makes on its fast path (with both biases)."""
-    query = found["query"]
     merged_mask, mask_type = attention.merge_masks(
-        found["attn_mask"], found["key_padding_mask"], query
+        found["attn_mask"], found["key_padding_mask"], found["query"]
     )
-    fused = torch_private.fast_path_operators(torch)[1]
-    return fused(
-        query, found["key"], found["value"], attention.embed_dim, attention.num_heads,
+    return torch_private.fast_path_operators(torch)[1](
+        found["query"], found["key"], found["value"], attention.embed_dim, attention.num_heads,
         attention.in_proj_weight, attention.in_proj_bias, attention.out_proj.weight,
         attention.out_proj.bias, merged_mask, found["need_weights"],
         found["average_attn_weights"], mask_type,
