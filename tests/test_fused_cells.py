@@ -144,16 +144,32 @@ def test_a_cell_without_biases_is_traced(name):
     assert tp.predict(trace).status != tp.PredictionStatus.NOT_PREDICTED
 
 
-def test_the_prediction_covers_a_float32_cell_loop_with_the_h200s_calibration():
-    """Products (calibrated patterns) and the fused kernels (by source): nothing unknown."""
+@pytest.mark.parametrize("claimed", [True, False], ids=["claimed", "not-claimed"])
+def test_the_h200s_prediction_of_a_cell_loop_rests_on_the_templates_only_when_claimed(
+    monkeypatch, claimed
+):
+    """Products (calibrated patterns) and the fused kernels (by source): claimed, nothing
+    unknown; not claimed, the fused calls are uncovered, named why, and bounded, with the
+    same central figure."""
     from pipeline.predicting import gpu_calibration
 
     calibration, _ = gpu_calibration.load("h200")
+    monkeypatch.setattr(fused_cells, "CLAIMED", claimed)
     for name in sorted(CELLS):
         drive = protocol(cell_loop(CELLS[name][0], True), "meta", torch.float32, True)
         trace = tp.run_trace(torch, "meta", drive, target=ac.H200)
-        unknown = [entry["op"] for entry in tp.predict(trace, calibration).unknown]
-        assert not [op for op in unknown if "thnn" in op], unknown
+        prediction = tp.predict(trace, calibration)
+        fused = [entry for entry in prediction.unknown if "thnn" in entry["op"]]
+        if claimed:
+            assert fused == []
+        else:
+            assert len(fused) == 2
+            assert all(fused_cells.UNMEASURED in entry["why"] for entry in fused)
+            assert prediction.status == tp.PredictionStatus.APPROXIMATE
+            assert prediction.bounds is not None
+        monkeypatch.setattr(fused_cells, "CLAIMED", True)
+        assert tp.predict(trace, calibration).rows == prediction.rows
+        monkeypatch.setattr(fused_cells, "CLAIMED", claimed)
 
 
 @pytest.mark.gpu

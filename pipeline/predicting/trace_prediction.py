@@ -1728,11 +1728,21 @@ class Calibration:
         """The first that knows the call: its probe, its pattern, a shape rule, a reduction's
         formula, a float16 product's borrowed pattern."""
         found = self.templates.get(signature)
-        for lookup in (self.pattern, self.rule, self.reduction, self.borrowed):
+        for lookup in (self.pattern, self.rule, self.reduction, self.fused_cell, self.borrowed):
             if found is not None:
                 break
             found = lookup(call)
         return found or None
+
+    def fused_cell(self, call: Signature | None) -> list | None:
+        """A fused LSTM/GRU cell call's template, read from PyTorch's source (fused_cells):
+        known where fused_cells.CLAIMED, else the central figure's only (the call uncovered)."""
+        if call is None or call.name not in fused_cells.OPERATORS or call.spec is None:
+            return None
+        if self.reduce_device is None:
+            return None
+        arguments = call_arguments(call)
+        return fused_cells.by_source_template(call.name, arguments, self.reduce_device)
 
     def borrowed(self, call: Signature | None) -> list | None:
         """A float16 matrix product that no probe ran: the pattern its form has in bfloat16
@@ -1761,8 +1771,7 @@ class Calibration:
         if call.name in BY_SOURCE:
             return by_source_template(call.name, call_arguments(call), list(call.leaves))
         if call.name in fused_cells.OPERATORS:
-            arguments = call_arguments(call)
-            return fused_cells.by_source_template(call.name, arguments, self.reduce_device)
+            return self.fused_cell(call) if fused_cells.CLAIMED else None
         found = reduce_scratch.template_of_call(call.name, call_arguments(call), self.reduce_device)
         return None if found is None else [template_step(step) for step in found]
 
@@ -2552,6 +2561,8 @@ def not_covered(key: str, signature: Signature, calibration) -> str | None:
         return f"{UNCALIBRATED}; {calibration.failed[key]}"
     if calibration is not None and calibration.borrowed(signature) is not None:
         return f"{UNCALIBRATED}; {BORROWED}"
+    if calibration is not None and calibration.fused_cell(signature) is not None:
+        return f"{UNCALIBRATED}; {fused_cells.UNMEASURED}"
     return UNCALIBRATED
 
 
