@@ -404,6 +404,13 @@ BROKEN_AND_FIXED = {
         "dropout path (the trace takes the GPU's fused dropout since): "
         "runs/20261204T093000Z-hf-zoo-fixed/ and runs/20261204T094000Z-hf-zoo-remeasured/",
     ),
+    "20261206T002500Z-fast-path-blind": (
+        1,
+        "enc-train-bf16-b16: nn.MultiheadAttention's general path hands itself to the trace's "
+        "mode as a whole, whose handler ran it with the mode off, so its attention took the "
+        "meta device's math kernel, not the H200's; fixed in trace_prediction.with_mode_inside "
+        "(its repredicted/ holds the point within its bounds)",
+    ),
     "20261204T100000Z-hf-zoo-repredicted": (
         15,
         "predicted after the dropout fix against the same measurements, which still hold "

@@ -12,7 +12,7 @@ module's forward once the earlier conditions held), the trace answers for the GP
 device is supported, so the fast path is taken unless grad is enabled and an argument
 requires it. Then the module's call is made as its forward makes it, from its own locals at
 that point (the masks already canonical): `merge_masks`, then the fused operator, whose
-meta kernel gives its output.
+output a fake kernel gives (PyTorch 2.11 has no meta kernel for the encoder layer's).
 
 What the fused kernels allocate inside (the projections, the attention's scores or an
 SDPA kernel, the norms, the feed-forward's hidden layer) is one operator call to the trace:
@@ -81,6 +81,13 @@ def _attention_call(torch, attention, found: dict):
     )  # fmt: skip
 
 
+def _encoder_layer_fake(fake_mode, func, src, *args, **kwargs):
+    """transformer_encoder_layer_forward's output: a new tensor of src's shape (the last
+    layer norm's, or src's clone when empty). PyTorch 2.11 has no meta kernel for it."""
+    with fake_mode:
+        return src.clone() if src.numel() == 0 else src.new_empty(src.shape)
+
+
 def install(torch, notes: dict):
     """Patch has_torch_function and the two modules' forward for the trace's time; returns
     the undo. `notes` gets TransformerEncoder's own fast path where a real run takes it."""
@@ -124,8 +131,11 @@ def install(torch, notes: dict):
     overrides.has_torch_function = has_torch_function
     for cls in calls:
         cls.forward = wrap(cls)
+    layer = torch_private.fast_path_operators(torch)[0]
+    unfake = torch_private.add_fake_kernel(layer, _encoder_layer_fake)
 
     def undo():
+        unfake()
         overrides.has_torch_function = original
         for cls, forward in forwards.items():
             cls.forward = forward

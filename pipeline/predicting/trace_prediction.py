@@ -655,10 +655,17 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     }
     # Every function the branches below look at: any other runs as it comes, at once.
     special = {sdpa, *functions, *from_data, *recurrent, *dropouts, *batch_norms}
+    # Python functions that hand themselves to the modes first (handle_torch_function) and
+    # call functions of `special`: run, a mode's handler calls them with the mode off, so
+    # that what they call would not be seen (nn.MultiheadAttention's general path and its
+    # scaled_dot_product_attention: the meta device's math kernel, where a GPU takes flash).
+    nested = {torch.nn.functional.multi_head_attention_forward}
 
     class ChoiceNotes(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func in nested:
+                return with_mode_inside(self, func, args, kwargs)
             if func not in special:
                 return func(*args, **kwargs)
             if func is sdpa and target is not None:
@@ -693,6 +700,29 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
             return func(*args, **kwargs)
 
     return ChoiceNotes
+
+
+def with_mode_inside(mode, func, args, kwargs):
+    """func's body with `mode` on: its own first has_torch_function check, the one that
+    handed it to the mode, answers False once, so that it runs instead of coming back."""
+    import sys
+
+    module = sys.modules[func.__module__]
+    original = module.has_torch_function
+    pending = [True]
+
+    def once(arguments):
+        if pending:
+            pending.clear()
+            return False
+        return original(arguments)
+
+    module.has_torch_function = once
+    try:
+        with mode:
+            return func(*args, **kwargs)
+    finally:
+        module.has_torch_function = original
 
 
 DROPOUT_PARAMETERS = ("input", "p", "training", "inplace")
