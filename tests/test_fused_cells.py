@@ -77,13 +77,23 @@ def test_a_cell_traced_for_a_gpu_makes_the_gpus_calls(name, training, bias):
     assert found[at - 1][1] == ((0, gates * state),)
 
 
-def test_without_a_target_the_cells_are_named_and_traced_as_they_come():
-    """No GPU named: nothing says which kernel a GPU takes, so the meta device's own
-    operators run and the note stays (no bounds)."""
-    trace = tp.run_trace(torch, "meta", protocol(cell_loop(nn.LSTMCell, True), "meta",
+@pytest.mark.parametrize(
+    ("cell", "named"), [(nn.LSTMCell, True), (nn.GRUCell, True), (nn.RNNCell, False)],
+    ids=["LSTMCell", "GRUCell", "RNNCell"],
+)  # fmt: skip
+def test_without_a_target_the_cells_are_named_and_traced_as_they_come(cell, named):
+    """No GPU named: nothing says which kernel a GPU takes, so the meta device runs LSTMCell
+    and GRUCell gate by gate, named, neither an exact claim nor bounds (a GPU runs one fused
+    kernel). RNNCell runs the same operators on every device."""
+    trace = tp.run_trace(torch, "meta", protocol(cell_loop(cell, True), "meta",
                                                  torch.float32, True))  # fmt: skip
-    assert "recurrent cells" in trace.notes
+    assert ("recurrent cells" in trace.notes) == named
     assert not any("thnn" in call[0] for call in calls(trace))
+    prediction = tp.predict(trace)
+    if named:
+        assert prediction.status == tp.PredictionStatus.APPROXIMATE
+        assert prediction.bounds is None
+        assert "recurrent cells" in prediction.unbounded
 
 
 def workspace(dtype, batch, width):

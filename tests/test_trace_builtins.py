@@ -245,38 +245,6 @@ def test_recurrent_layers_traced_without_a_gpu_say_a_gpu_runs_cudnn(kind):
     assert "recurrent layers" in trace.notes
 
 
-@pytest.mark.parametrize(
-    ("cell", "named"), [(nn.LSTMCell, True), (nn.GRUCell, True), (nn.RNNCell, False)],
-    ids=["LSTMCell", "GRUCell", "RNNCell"],
-)  # fmt: skip
-def test_recurrent_cells_a_gpu_fuses_are_named_and_get_no_bounds(cell, named):
-    """A GPU runs LSTMCell and GRUCell as one fused kernel, with a workspace saved for
-    backward; the meta device, gate by gate: other blocks, so neither an exact claim nor
-    bounds (the trace did not take the GPU's way). RNNCell runs the same operators on both."""
-
-    def build(device, dtype):
-        class Loop(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.cell = cell(WIDTH, WIDTH, device=device)
-
-            def forward(self, x):
-                state = None  # zeros; an LSTMCell's is (h, c)
-                for t in range(x.size(1)):
-                    state = self.cell(x[:, t], state)
-                return state[0] if isinstance(state, tuple) else state
-
-        return Loop().to(dtype), (BATCH, TOKENS, WIDTH)
-
-    trace = tp.run_trace(torch, "meta", protocol(build, "meta", torch.float32, True))
-    assert ("recurrent cells" in trace.notes) == named
-    prediction = tp.predict(trace)
-    if named:
-        assert prediction.status == PredictionStatus.APPROXIMATE
-        assert prediction.bounds is None
-        assert "recurrent cells" in prediction.unbounded
-
-
 def test_dropout_in_training_keeps_a_one_byte_mask_as_on_a_gpu():
     """A GPU's dropout saves a bool mask for backward, not a noise tensor of the input's
     dtype (the meta device's own path): for bfloat16 input, half the bytes."""
