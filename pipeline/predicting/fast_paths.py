@@ -30,6 +30,7 @@ import os
 import sys
 
 from pipeline.core import torch_private
+from pipeline.core.call_keys import is_tensor_leaf
 from pipeline.predicting.reduce_scratch import ELEMENT_SIZE
 
 FILES = (
@@ -143,10 +144,6 @@ def install(torch, notes: dict):
     return undo
 
 
-def _tensor(leaf) -> bool:
-    return isinstance(leaf, tuple) and len(leaf) == 7 and leaf[0] == "tensor"
-
-
 def scratch_terms(name: str, arguments: dict) -> tuple[int, int] | None:
     """For a fused call's bound: the attention's scores (batch x heads x queries x keys) and
     the feed-forward's hidden bytes (batch x tokens x linear1's width, twice: the activation's
@@ -154,7 +151,10 @@ def scratch_terms(name: str, arguments: dict) -> tuple[int, int] | None:
     if name == ENCODER_LAYER:
         src, weight = arguments.get("src"), arguments.get("ffn_weight_1")
         heads = arguments.get("num_heads")
-        if not (_tensor(src) and _tensor(weight) and isinstance(heads, int)) or len(src[2]) != 3:
+        if (
+            not (is_tensor_leaf(src) and is_tensor_leaf(weight) and isinstance(heads, int))
+            or len(src[2]) != 3
+        ):
             return None
         batch, tokens, _ = src[2]
         hidden = 2 * batch * tokens * weight[2][0] * ELEMENT_SIZE.get(src[1], 8)
@@ -162,7 +162,7 @@ def scratch_terms(name: str, arguments: dict) -> tuple[int, int] | None:
     if name == ATTENTION:
         query, key = arguments.get("query"), arguments.get("key")
         heads = arguments.get("num_head")
-        if not (_tensor(query) and _tensor(key) and isinstance(heads, int)):
+        if not (is_tensor_leaf(query) and is_tensor_leaf(key) and isinstance(heads, int)):
             return None
         if len(query[2]) != 3 or len(key[2]) != 3:
             return None

@@ -32,6 +32,7 @@ Standard library only (torch is passed in).
 from __future__ import annotations
 
 from pipeline.core import torch_private
+from pipeline.core.call_keys import is_tensor_leaf
 from pipeline.predicting import reduce_scratch
 
 # Whether the templates below are claimed (an exact prediction may rest on them) or give
@@ -59,14 +60,13 @@ def cell_as_on_gpu(torch, func, args, kwargs):
     call = {"b_ih": None, "b_hh": None, **dict(zip(CELL_PARAMETERS, args, strict=False)), **kwargs}
     x, hidden, w_ih, w_hh = call["input"], call["hx"], call["w_ih"], call["w_hh"]
     operators, biases = torch_private.fused_cell_operators(torch), (call["b_ih"], call["b_hh"])
-    if func is torch.lstm_cell:
-        hx, cx = hidden
-        igates = torch.matmul(x, w_ih.t())
-        hgates = torch.matmul(hx, w_hh.t())
-        hy, cy, _workspace = operators["lstm"](igates, hgates, cx, *biases)
-        return hy, cy
+    lstm = func is torch.lstm_cell
+    h = hidden[0] if lstm else hidden
     igates = torch.matmul(x, w_ih.t())
-    hgates = torch.matmul(hidden, w_hh.t())
+    hgates = torch.matmul(h, w_hh.t())
+    if lstm:
+        hy, cy, _workspace = operators["lstm"](igates, hgates, hidden[1], *biases)
+        return hy, cy
     return operators["gru"](igates, hgates, hidden, *biases)[0]
 
 
@@ -110,15 +110,12 @@ def add_fake_kernels(torch):
     return lambda: [step() for step in reversed(undo)]
 
 
-def _summed_over_batch(gradient, index: int, first_id: int, device) -> list | None:
-    """`gradient.sum(0)` into output `index`, with its staging blocks as ids from first_id."""
-    _, dtype, shape, stride, offset, _nbytes, _where = gradient
-    if len(shape) != 2:
-        return None
+def _summed_over_batch(dtype: str, batch: int, width: int, index: int, first_id: int, device):
+    """`gradient.sum(0)` of a contiguous [batch, width] gradient into output `index`, with
+    its staging blocks as ids from first_id; None outside reduce_scratch's port."""
     found = reduce_scratch.reduction_template(
-        "aten.sum.dim_IntList", (shape[0], shape[1]), tuple(stride), dtype, [0], False, None,
-        offset, device,
-    )  # fmt: skip
+        "aten.sum.dim_IntList", (batch, width), (width, 1), dtype, [0], False, None, 0, device
+    )
     if found is None:
         return None
     steps = []
@@ -134,30 +131,28 @@ def _summed_over_batch(gradient, index: int, first_id: int, device) -> list | No
 
 def by_source_template(name: str, arguments: dict, device) -> list | None:
     """The call's template (the module's docstring), or None where it is not known: a sum
-    outside reduce_scratch's port. The gradients the sums read are made by the call, so
-    their descriptions are the workspace's shape, contiguous, in its dtype."""
+    outside reduce_scratch's port. The gradients the sums read are made by the call:
+    contiguous, the workspace's dtype and batch."""
     if name == LSTM_CELL:
         return [("output", 2, None), ("output", 0, None), ("output", 1, None)]
     if name == GRU_CELL:
         return [("output", 1, None), ("output", 0, None)]
     workspace = arguments.get("workspace")
-    if not (isinstance(workspace, tuple) and len(workspace) == 7 and workspace[0] == "tensor"):
+    if not is_tensor_leaf(workspace) or len(workspace[2]) != 2:
         return None
-    _, dtype, (batch, width), _stride, _offset, _nbytes, where = workspace
+    dtype, (batch, width) = workspace[1], workspace[2]
     if name == LSTM_CELL_BACKWARD:
         steps = [("output", 0, None), ("output", 1, None)]
         if not arguments.get("has_bias"):
             return steps
-        gates = ("tensor", dtype, [batch, width], [width, 1], 0, None, where)
-        summed = _summed_over_batch(gates, 2, 0, device)
+        summed = _summed_over_batch(dtype, batch, width, 2, 0, device)
         return None if summed is None else steps + summed
     if name == GRU_CELL_BACKWARD:
         steps = [("output", 0, None), ("output", 1, None), ("output", 2, None)]
         if not arguments.get("has_bias"):
             return steps
         gates = width // GRU_WORKSPACE_MULTIPLIER * 3
-        gradient = ("tensor", dtype, [batch, gates], [gates, 1], 0, None, where)
-        first = _summed_over_batch(gradient, 3, 0, device)
-        second = _summed_over_batch(gradient, 4, 2, device)
+        first = _summed_over_batch(dtype, batch, gates, 3, 0, device)
+        second = _summed_over_batch(dtype, batch, gates, 4, 2, device)
         return None if first is None or second is None else steps + first + second
     return None

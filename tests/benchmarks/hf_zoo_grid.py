@@ -58,6 +58,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
 )
 from kit import mesure_memoire  # noqa: E402
+from pipeline.measuring import own_model as own_model_cli  # noqa: E402
 
 SCHEMA = "urn:iteragpu-lab:schema:hf-zoo-grid:v1"
 COUNTERS = mesure_memoire.COUNTER_KEYS
@@ -105,7 +106,7 @@ def read_points(text: str) -> list[Point]:
             raise PointsError(f"line {number}: {name} named twice")
         if task not in TASKS:
             raise PointsError(f"line {number}: task {task!r} is not one of {', '.join(TASKS)}")
-        if is_workload(config) and task not in ("training", "inference"):
+        if workload_of(config) is not None and task not in ("training", "inference"):
             raise PointsError(f"line {number}: a workload's task is training or inference")
         names.add(name)
         points.append(
@@ -152,16 +153,20 @@ def copy_points(points_file: Path, out: Path) -> None:
 # ---------------------------------------------------------------- running
 
 
-def is_workload(config: str) -> bool:
-    """FILE.py:FUNCTION, a workload function rather than a Hugging Face config."""
-    return re.fullmatch(r".+\.py:[A-Za-z_][A-Za-z0-9_]*", config) is not None
+def workload_of(config: str) -> tuple[Path, str] | None:
+    """(FILE, FUNCTION) of a workload function, as own_model.py --workload reads it; None for
+    a Hugging Face config."""
+    try:
+        return own_model_cli.workload_argument(config)
+    except argparse.ArgumentTypeError:
+        return None
 
 
 def own_model(verb: str, point: Point, *extra: str) -> list[str]:
     argv = [sys.executable, "-m", "pipeline.measuring.own_model", verb]
-    if is_workload(point.config):
-        file, _, function = point.config.rpartition(":")
-        argv += ["--workload", f"{config_path(file)}:{function}"]
+    workload = workload_of(point.config)
+    if workload is not None:
+        argv += ["--workload", f"{config_path(str(workload[0]))}:{workload[1]}"]
     else:
         argv += ["--hf-config", str(config_path(point.config)), "--task", point.task]
     return argv + list(point.flags) + list(extra)
@@ -414,8 +419,8 @@ def started(log: dict) -> bool:
 
 
 def summarise_point(point: Point, out: Path, predict_log: dict, measure_log: dict) -> dict:
-    workload = is_workload(point.config)
-    path = config_path(point.config.rpartition(":")[0] if workload else point.config)
+    workload = workload_of(point.config)
+    path = config_path(str(workload[0]) if workload else point.config)
     cpu = read_document(out / "cpu" / f"{point.name}.json")
     h200 = read_document(out / "h200" / f"{point.name}.json")
     settings = flag_settings(point.flags)
