@@ -92,6 +92,21 @@ def test_an_exact_prediction_equal_to_the_byte_holds(tmp_path):
     assert summary["totals"]["share_exact_to_the_byte"] == 1.0
 
 
+def test_measurements_made_on_another_gpu_are_read_from_the_folder_named(tmp_path):
+    """A grid predicted for one GPU and measured on another keeps its measurements under the
+    GPU's own name: summarise reads that folder and says so in comparison.md."""
+    out = folder(tmp_path, {"p": (cpu_document(), h200_document())})
+    (out / "h200").rename(out / "h100")
+    assert zoo.main(["summarise", "--out", str(out)]) == 0
+    assert by_name(json.loads((out / "summary.json").read_text()))["p"]["verdicts"] == [
+        "not_measured"
+    ]
+    assert zoo.main(["summarise", "--out", str(out), "--measured-in", "h100"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert by_name(summary)["p"]["verdicts"] == ["exact_held"]
+    assert "the measurement (h100/)" in (out / "comparison.md").read_text()
+
+
 @pytest.mark.parametrize("key", ["peak_allocated_bytes", "baseline_reserved_bytes"])
 def test_a_claimed_exact_prediction_one_byte_off_is_false_exact(tmp_path, key):
     measured = rows()

@@ -27,10 +27,11 @@ beyond NAME, CONFIG and TASK.
   and the next one runs; no new point is started
   past --deadline-s. Exit 1 if a point of the selection is not measured.
 - summarise: DIR/summary.json (schemas/hf-zoo-grid.schema.json; validate.py checks its
-  totals) and DIR/comparison.md, from DIR/points.txt, cpu/ and h200/. A point predicted
-  and never run on the GPU (no measurement, and no line in a measure log or one saying it was
-  not started) is `not_measured`; one that ran and left no completed measurement, or has no
-  prediction, crashed.
+  totals) and DIR/comparison.md, from DIR/points.txt, cpu/ and h200/ (`--measured-in
+  FOLDER`, for both measure and summarise, names another folder, e.g. after another GPU).
+  A point predicted and never run on the GPU (no measurement, and no line in a measure log
+  or one saying it was not started) is `not_measured`; one that ran and left no completed
+  measurement, or has no prediction, crashed.
 
 Both predict and measure copy POINTS.txt to DIR/points.txt (refusing a different one there).
 """
@@ -233,7 +234,7 @@ def measure(args) -> int:
     gpu_guard.require_gpu("hf_zoo_grid.py", args.device)
     out = Path(args.out)
     copy_points(Path(args.points), out)
-    h200 = out / "h200"
+    h200 = out / args.measured_in
     h200.mkdir(parents=True, exist_ok=True)
     tag = (args.shard or "").replace("/", "of") or ("only" if args.only else "all")
     log = h200 / f"measure-{tag}.txt"
@@ -418,11 +419,13 @@ def started(log: dict) -> bool:
     return bool(log) and not (log["last_line"] or "").startswith(NOT_STARTED)
 
 
-def summarise_point(point: Point, out: Path, predict_log: dict, measure_log: dict) -> dict:
+def summarise_point(
+    point: Point, out: Path, predict_log: dict, measure_log: dict, measured_in: str = "h200"
+) -> dict:
     workload = workload_of(point.config)
     path = config_path(str(workload[0]) if workload else point.config)
     cpu = read_document(out / "cpu" / f"{point.name}.json")
-    h200 = read_document(out / "h200" / f"{point.name}.json")
+    h200 = read_document(out / measured_in / f"{point.name}.json")
     settings = flag_settings(point.flags)
     for document in (cpu, h200):
         configuration = (document or {}).get("configuration") or {}
@@ -515,11 +518,11 @@ def totals_of(points: list[dict]) -> dict:
     }
 
 
-def summary_of(out: Path) -> dict:
+def summary_of(out: Path, measured_in: str = "h200") -> dict:
     points = read_points((out / "points.txt").read_text())
     predict_log = read_log(out / "cpu", "timings*.txt")
-    measure_log = read_log(out / "h200", "measure*.txt")
-    entries = [summarise_point(p, out, predict_log, measure_log) for p in points]
+    measure_log = read_log(out / measured_in, "measure*.txt")
+    entries = [summarise_point(p, out, predict_log, measure_log, measured_in) for p in points]
     return {"schema": SCHEMA, "points": entries, "totals": totals_of(entries)}
 
 
@@ -528,10 +531,10 @@ def largest(phases: list[dict], key: str):
     return max(values) if values else None
 
 
-def comparison_md(summary: dict) -> str:
+def comparison_md(summary: dict, measured_in: str = "h200") -> str:
     lines = [
         "Largest peak reserved over the phases, bytes: the GPU-free prediction (cpu/) against "
-        "the measurement (h200/). Verdicts as in summary.json.",
+        f"the measurement ({measured_in}/). Verdicts as in summary.json.",
         "",
         "point | task | dtype | batch × sequence | prediction | predicted | measured | "
         "predicted / measured | largest abs difference (any counter) | verdicts",
@@ -575,9 +578,9 @@ def summarise(args) -> int:
     if not (out / "points.txt").is_file():
         print(f"hf_zoo_grid.py: error: {out}/points.txt: no such file", file=sys.stderr)
         return 2
-    summary = summary_of(out)
+    summary = summary_of(out, args.measured_in)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "comparison.md").write_text(comparison_md(summary))
+    (out / "comparison.md").write_text(comparison_md(summary, args.measured_in))
     t = summary["totals"]
     print(
         f"{t['points']} points, {t['crashes']} crashes, {t['false_exact']} false exact, "
@@ -593,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     p = verbs.add_parser("predict", help="GPU-free estimates into DIR/cpu/")
     p.add_argument("--points", required=True)
     p.add_argument("--out", required=True)
-    m = verbs.add_parser("measure", help="measurements into DIR/h200/")
+    m = verbs.add_parser("measure", help="measurements into DIR/h200/ (or --measured-in)")
     m.add_argument("--points", required=True)
     m.add_argument("--out", required=True)
     m.add_argument("--device", default="cuda:0")
@@ -607,6 +610,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     s = verbs.add_parser("summarise", help="DIR/summary.json and DIR/comparison.md")
     s.add_argument("--out", required=True)
+    for verb in (m, s):
+        verb.add_argument(
+            "--measured-in", default="h200", metavar="FOLDER",
+            help="DIR/FOLDER holds the measurements (default h200; name it after the GPU used)",
+        )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         return {"predict": predict, "measure": measure, "summarise": summarise}[args.verb](args)
