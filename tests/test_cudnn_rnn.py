@@ -44,7 +44,8 @@ def traced(row, target=attention_choice.H200, training=True):
                 options["proj_size"] = row["proj"]
             module = MODULES[row["mode"]](
                 row["input"], row["hidden"], row["layers"], bias=row.get("bias", True),
-                batch_first=row["batch_first"], bidirectional=row["bidir"], **options,
+                batch_first=row["batch_first"], bidirectional=row["bidir"],
+                dropout=row.get("dropout", 0.0), **options,
             )  # fmt: skip
             return module.to(device="meta", dtype=dtype)
 
@@ -165,7 +166,7 @@ def test_every_probed_workspace_lies_within_the_bound_the_most_replay_gives(path
     forward's workspace is at least the fixed part."""
     seen = 0
     for row in probe_rows(path):
-        if row.get("dropout") or row.get("kind", "train") not in ("train", "eval"):
+        if row.get("kind", "train") not in ("train", "eval"):
             continue
         arguments = arguments_of(row)
         bound = cudnn_rnn.scratch_bound(arguments)
@@ -242,3 +243,75 @@ def test_the_recurrent_points_measured_twice_gave_the_same_peaks():
             assert [[r[k] for k in tp.PEAK_KEYS] for r in rows] == [
                 [r[k] for k in tp.PEAK_KEYS] for r in again
             ], first.name
+
+
+def step_history(trace) -> list[list]:
+    """The step phase's blocks as an allocator history gives them: ["a", bytes] for each
+    output made, ["f", bytes] for each storage freed."""
+    start = next(i for i, e in enumerate(trace.events) if e[0] == "start" and e[1] == "step")
+    sizes, history = {}, []
+    for event in trace.events[start + 1 :]:
+        if event[0] == "end":
+            break
+        if event[0] == "op":
+            for _, sid, nbytes in sorted(event[1].outputs):
+                if nbytes:
+                    sizes[sid] = nbytes
+                    history.append(["a", nbytes])
+        elif event[0] == "free" and event[1] in sizes:
+            history.append(["f", sizes.pop(event[1])])
+    return history
+
+
+def test_dropout_between_layers_makes_the_h100s_seed_state_and_reserve_on_the_first_call_only():
+    """Oracle: the H100's probe, a fresh process, nn.LSTM(650, 650, 2, dropout=0.5) called
+    twice in training: the trace's blocks are the probe's, in its order, less cuDNN's
+    workspace (made and freed inside the call, not covered), the reserve within
+    RESERVE_SLACK above the trace's."""
+    [row] = [row for row in probe_rows(H100_PROBE) if row["kind"] == "dropout-first"]
+
+    def drive(phase):
+        _, module = phase("model_load", lambda: nn.LSTM(650, 650, 2, dropout=0.5).to("meta"))
+        _, x = phase("inputs", lambda: torch.randn(35, 20, 650, device="meta").requires_grad_())
+        phase("step", lambda: (module.train()(x), module(x)))  # kept, as the probe kept them
+
+    history = step_history(tp.run_trace(torch, "meta", drive, target=attention_choice.H200))
+    workspace = 57597632
+    for probed in (row["first"], row["second"]):
+        assert probed.count(["a", workspace]) == 1
+        assert probed.count(["f", workspace]) == 1
+    expected = [e for e in row["first"] + row["second"] if e[1] != workspace]
+    reserves = [i for i, e in enumerate(expected) if e[1] == row["reserve"]]
+    assert len(reserves) == 2
+    for i in reserves:
+        assert 0 <= expected[i][1] - history[i][1] <= cudnn_rnn.RESERVE_SLACK
+        history[i] = expected[i]
+    assert history == expected
+    assert cudnn_rnn.dropout_state_bytes("NVIDIA H200") == 6488064
+
+
+@pytest.mark.filterwarnings("ignore:dropout option adds dropout after all but last")
+def test_every_probed_reserve_with_dropout_lies_within_the_slack_above_the_traces():
+    """The H100's 15 other training calls with dropout (LSTM, GRU, RNN_TANH; 1 to 8 layers, both
+    directions): the trace's reserve is at most the probe's, by RESERVE_SLACK at most."""
+    rows = [row for row in probe_rows(H100_PROBE) if row.get("dropout") and row["kind"] == "train"]
+    assert len(rows) == 15
+    for row in rows:
+        [forward] = ops(traced(row), cudnn_rnn.FORWARD)
+        assert 0 <= row["reserve"] - forward.outputs[3][2] <= cudnn_rnn.RESERVE_SLACK, row
+
+
+def test_the_most_replay_widens_each_reserve_by_the_slack_and_nothing_else():
+    row = dict(mode="GRU", dtype="float32", input=32, hidden=64, layers=3, bidir=False, seq=9,
+               batch=4, batch_first=False, dropout=0.3)  # fmt: skip
+    trace = traced(row)
+    [forward] = ops(trace, cudnn_rnn.FORWARD)
+    wider = {forward.signature: cudnn_rnn.output_slack(forward.name)}
+    assert wider[forward.signature] == {3: cudnn_rnn.RESERVE_SLACK}
+    plain = tp.replay(trace, None, scenario=tp.Scenario(True, {}), logged=False)[0]
+    wide = tp.replay(trace, None, scenario=tp.Scenario(True, {}, wider), logged=False)[0]
+    key = "peak_allocated_bytes"
+    difference = [w[key] - p[key] for p, w in zip(plain, wide, strict=True)]
+    assert difference == [0, cudnn_rnn.RESERVE_SLACK]
+    evaluation = ops(traced(row, training=False), cudnn_rnn.FORWARD)[0]
+    assert evaluation.outputs[3][2] == 0  # no reserve to widen: the replay adds no block

@@ -27,12 +27,20 @@ the growth and the call's own copies (`scratch_bound`). The
 reserve's size is cuDNN's own arithmetic: RESERVE_PER_LAYER's rule held in 1,025 of 1,026
 H200 calls and 87 of 100 H100 ones, the others up to 40 bytes larger (an alignment).
 
-Packed sequences, dropout between layers in training and float64 are not followed: the call
-runs as it comes, with the trace's note. What the H100's 16 dropout calls showed, for whoever
-follows it: cuDNN's dropout state, 6,488,064 bytes kept from the first such call (after an
-8-byte seed made and freed), and a reserve of the rule's bytes plus a mask of
-(layers - 1) x tokens x hidden x directions^2 bits and 0 to 308 bytes more; bounds would need
-the replay to widen an output's size, which it does only for scratch today.
+Dropout between layers in training (`nn.LSTM(..., dropout=p)`, the default of PyTorch's own
+word-language-model example) is followed as `get_dropout_state` runs it: the first such call
+of the process (and the first after a seed is set) makes an 8-byte seed tensor and frees it,
+then cuDNN's dropout state, kept to the end of the process; the reserve holds a mask of
+(layers - 1) x tokens x hidden x directions^2 bits besides the rule's bytes. The H100's probe
+(a fresh process first, then 16 training calls with dropout) gave a state of 6,488,064 bytes
+(49,152 per multiprocessor, 132 of them; the H200 has 132 too) and reserves 0 to 308 bytes
+above the rule and the mask, the rule alone being 8 to 40 bytes short in 13 of 100 calls
+without dropout: the most replay gives each reserve RESERVE_SLACK bytes more. A workload
+that sets a seed between its recurrent calls makes the GPU build the state again, for a
+moment twice: not followed.
+
+Packed sequences, an LSTM with projections and dropout, and float64 are not followed: the
+call runs as it comes, with the trace's note.
 """
 
 from __future__ import annotations
@@ -58,6 +66,14 @@ FORWARD = "aten._cudnn_rnn.default"
 BACKWARD = "aten._cudnn_rnn_backward.default"
 DTYPES = ("float32", "float16", "bfloat16")  # probed; cuDNN runs float64 too
 FLATTENED = ("float32", "float16")  # torch.backends.cudnn.is_acceptable: float64 too
+# cuDNN's dropout state (cudnnDropoutGetStatesSize): 6,488,064 B on the H100's 132
+# multiprocessors; the GPUs below by their name as torch.cuda.get_device_name gives it.
+DROPOUT_STATE_PER_MULTIPROCESSOR = 49152
+MULTIPROCESSORS = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132}
+DEFAULT_MULTIPROCESSORS = 132
+# The most a reserve exceeded its rule (and mask) in the probes was 308 bytes.
+RESERVE_SLACK = 1024
+HELD_STATE = "cuDNN dropout state"
 
 
 def mode_of(torch, func) -> int | None:
@@ -78,18 +94,43 @@ def weight_elements(mode, input_size, hidden, proj, layers, directions) -> int:
     return total
 
 
-def reserve_bytes(mode, layers, directions, tokens, hidden, proj, element_bytes) -> int:
+def reserve_bytes(
+    mode, layers, directions, tokens, hidden, proj, element_bytes, dropout: bool = False
+) -> int:
     """The reserve: with projections, each layer keeps its hidden state before and after
-    the projection too ((7 layers - 1) x hidden + layers x proj: 174 of 174 H200 probes)."""
+    the projection too ((7 layers - 1) x hidden + layers x proj: 174 of 174 H200 probes);
+    with dropout, the mask between layers, one bit per element (the module's docstring)."""
     per_token = (RESERVE_PER_LAYER[mode] * layers - 1) * hidden
     if proj:
         per_token = (PROJECTED_PER_LAYER * layers - 1) * hidden + layers * proj
-    return per_token * tokens * directions * element_bytes + RESERVE_EXTRA
+    mask = -(-(layers - 1) * tokens * hidden * directions**2 // 8) if dropout else 0
+    return per_token * tokens * directions * element_bytes + RESERVE_EXTRA + mask
 
 
-def rnn_as_on_gpu(torch, func, args, kwargs):
+def output_slack(name: str) -> dict:
+    """{output index: bytes} the most replay adds to an operator's outputs: the forward's
+    reserve (index 3), which the rule gives to within RESERVE_SLACK bytes."""
+    return {3: RESERVE_SLACK} if name == FORWARD else {}
+
+
+def dropout_state_bytes(gpu_name: str | None) -> int:
+    return DROPOUT_STATE_PER_MULTIPROCESSOR * MULTIPROCESSORS.get(gpu_name, DEFAULT_MULTIPROCESSORS)
+
+
+def dropout_state(torch, x, held: dict, gpu_name: str | None):
+    """`get_dropout_state` on the first call: the seed made and freed, then the state, kept
+    in `held` (the trace's) as the process keeps it."""
+    state = held.get(HELD_STATE)
+    if state is None:
+        x.new_empty((), dtype=torch.int64)  # the seed; freed at once
+        state = held[HELD_STATE] = x.new_empty(dropout_state_bytes(gpu_name), dtype=torch.uint8)
+    return state
+
+
+def rnn_as_on_gpu(torch, func, args, kwargs, held: dict, gpu_name: str | None):
     """torch.lstm/gru/rnn_* as `_cudnn_impl` calls cuDNN, or None where the GPU's call is
-    not followed (see the module's docstring) or cuDNN would not take it."""
+    not followed (see the module's docstring) or cuDNN would not take it. `held`: what the
+    trace keeps alive as the process would (the dropout state)."""
     mode = mode_of(torch, func)
     if mode is None or kwargs or len(args) != 9 or not isinstance(args[3], bool):
         return None  # a packed sequence: (data, batch_sizes, hx, params, ...)
@@ -97,11 +138,16 @@ def rnn_as_on_gpu(torch, func, args, kwargs):
     hx, cx = (hidden[0], hidden[1]) if mode == LSTM else (hidden, None)
     if not torch.backends.cudnn.enabled or str(x.dtype).removeprefix("torch.") not in DTYPES:
         return None
-    if (dropout > 0 and train) or x.dim() != 3 or any(p.dtype != x.dtype for p in params):
-        return None  # dropout's state
+    if x.dim() != 3 or any(p.dtype != x.dtype for p in params):
+        return None
     hidden_size, proj = hx.size(2), 0
     if cx is not None and cx.size(2) != hx.size(2):  # an LSTM with projections
         hidden_size, proj = cx.size(2), hx.size(2)
+    state = None
+    if dropout > 0 and train:
+        if proj:
+            return None  # never probed with dropout
+        state = dropout_state(torch, x, held, gpu_name)
     forward = torch_private.cudnn_rnn_operators(torch)[0]
     output, hy, cy, _, _ = forward(
         x,
@@ -119,7 +165,7 @@ def rnn_as_on_gpu(torch, func, args, kwargs):
         train,
         bidirectional,
         [],
-        None,
+        state,
     )
     return (output, hy, cy) if mode == LSTM else (output, hy)
 
@@ -170,7 +216,7 @@ def _forward(fake_mode, func, *args, **kwargs):
     """_cudnn_rnn's blocks (the module's docstring), on fake tensors."""
     import torch
 
-    (x, _weight, _stride0, weight_buf, hx, cx, mode, hidden, proj, layers, batch_first, _dropout,
+    (x, _weight, _stride0, weight_buf, hx, cx, mode, hidden, proj, layers, batch_first, dropout,
      train, bidirectional, batch_sizes, _state) = args  # fmt: skip
     directions = 2 if bidirectional else 1
     out = proj or hidden
@@ -190,7 +236,9 @@ def _forward(fake_mode, func, *args, **kwargs):
             weight_buf = x.new_empty(
                 weight_elements(mode, x.size(-1), hidden, proj, layers, directions)
             )
-        size = reserve_bytes(mode, layers, directions, tokens, hidden, proj, x.element_size())
+        size = reserve_bytes(
+            mode, layers, directions, tokens, hidden, proj, x.element_size(), dropout > 0
+        )
         reserve = x.new_empty(size if train else 0, dtype=torch.uint8)
     return output, hy, cy, reserve, weight_buf
 

@@ -660,6 +660,7 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     # that what they call would not be seen (nn.MultiheadAttention's general path and its
     # scaled_dot_product_attention: the meta device's math kernel, where a GPU takes flash).
     nested = {torch.nn.functional.multi_head_attention_forward}
+    held: dict = {}  # what a GPU process keeps to its end (cuDNN's dropout state)
 
     class ChoiceNotes(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -671,7 +672,7 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
             if func is sdpa and target is not None:
                 return sdpa_as_on_gpu(torch, trace, target, func, args, kwargs)
             if func in recurrent and target is not None and target.cudnn() is not None:
-                routed = cudnn_rnn.rnn_as_on_gpu(torch, func, args, kwargs)
+                routed = cudnn_rnn.rnn_as_on_gpu(torch, func, args, kwargs, held, target.name)
                 if routed is not None:
                     return routed
             if not meta:
@@ -2408,10 +2409,12 @@ def replay(
                         op.signature, trace.signatures.get(op.signature)
                     )
             uncertain = scenario is not None and op.signature in scenario.uncertain
+            wide = scenario.wider.get(op.signature, {}) if scenario and scenario.upper else {}
             if uncertain and template is not None and not scenario.upper:
                 template = [step for step in template if step[0] == "output"]
             if template is None and not uncertain:  # outputs only, by index (`record`'s order)
-                for _, sid, nbytes in sorted(op.outputs):
+                for index, sid, nbytes in sorted(op.outputs):
+                    nbytes += wide.get(index, 0) if nbytes else 0
                     blocks[sid] = (malloc(nbytes, op.name), nbytes)
                 continue
             pending = {index: (sid, nbytes) for index, sid, nbytes in op.outputs}
@@ -2422,6 +2425,7 @@ def replay(
                     sid, nbytes = pending.pop(step[1])
                     if step[2] is not None and nbytes != step[2]:  # None: a pattern's
                         mismatches.setdefault(op.name, f"output {step[1]}: traced {nbytes} B")
+                    nbytes += wide.get(step[1], 0) if nbytes else 0
                     blocks[sid] = (malloc(nbytes, op.name), nbytes)
                 elif step[0] == "output":
                     mismatches.setdefault(op.name, f"output {step[1]} is not new in the trace")
@@ -2440,6 +2444,7 @@ def replay(
             for index, (sid, nbytes) in sorted(pending.items()):
                 if template is not None and nbytes:  # an empty tensor takes no block
                     mismatches.setdefault(op.name, f"output {index} not allocated by the probe")
+                nbytes += wide.get(index, 0) if nbytes else 0
                 blocks[sid] = (malloc(nbytes, op.name), nbytes)
             if uncertain and scenario.upper:  # the most its kernel may add, with its outputs
                 key = (op.role if per_thread else CALLER, "workspace bound")
@@ -2503,6 +2508,9 @@ BOUNDS_METHOD = (
 class Scenario:
     upper: bool
     uncertain: dict  # signature -> the blocks of scratch its call may add at most, in bytes
+    # signature -> {output index: bytes the most replay adds to it}: outputs whose size the
+    # trace gives within a few bytes only (cuDNN's reserve, cudnn_rnn.RESERVE_SLACK)
+    wider: dict = dataclasses.field(default_factory=dict)
 
 
 def unseen_first(events: list) -> list:
@@ -2616,11 +2624,16 @@ def bounds(trace: Trace, calibration, rows: list, spread: dict, unknown: list):
             f"the trace at {', '.join(unbounded)}"
         )
     uncertain = uncertain_calls(trace, calibration)
+    wider = {
+        key: cudnn_rnn.output_slack(signature.name)
+        for key, signature in trace.signatures.items()
+        if cudnn_rnn.output_slack(signature.name)
+    }
     floor = DriverOrder()
     least = replay(
         trace, calibration, scenario=Scenario(False, uncertain), allocator=floor, logged=False
     )[0]
-    most = replay(trace, calibration, scenario=Scenario(True, uncertain), logged=False)[0]
+    most = replay(trace, calibration, scenario=Scenario(True, uncertain, wider), logged=False)[0]
     found = []
     for row, low, high, asked in zip(rows, least, most, floor.peaks_requested, strict=True):
         bound = {
