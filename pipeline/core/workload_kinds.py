@@ -80,17 +80,26 @@ NETWORK = WorkloadKind(
     title="seed network",
 )
 
+
+def measured_by(kind: Kind, script: str, log_title: str) -> dict:
+    """A kind that a script of pipeline/measuring measures: its module, command, schema and
+    log are named after the script, the kind and `log_title`."""
+    return {
+        "kind": kind,
+        "script": script,
+        "module": f"pipeline.measuring.{script.removesuffix('.py')}",
+        "estimate": f"{script} estimate --json",
+        "schemas": (f"urn:iteragpu-lab:schema:{log_title}-measurement:v1",),
+        "schema_file": f"{log_title}-measurement.schema.json",
+        "log_name": f"resultats-{kind.value}.csv",
+        "log_title": log_title,
+    }
+
+
 DECODER = WorkloadKind(
-    kind=Kind.DECODER,
+    **measured_by(Kind.DECODER, "decoder.py", "decoder"),
     argument="decoder",
     help="decoder.py's model",
-    script="decoder.py",
-    module="pipeline.measuring.decoder",
-    estimate="decoder.py estimate --json",
-    schemas=("urn:iteragpu-lab:schema:decoder-measurement:v1",),
-    schema_file="decoder-measurement.schema.json",
-    log_name="resultats-decoder.csv",
-    log_title="decoder",
     columns=(
         "workload",
         "preset",
@@ -119,16 +128,9 @@ DECODER = WorkloadKind(
 )
 
 OWN = WorkloadKind(
-    kind=Kind.OWN,
+    **measured_by(Kind.OWN, "own_model.py", "own-model"),
     argument="FILE.py:FUNCTION",
     help="your own model (own_model.py)",
-    script="own_model.py",
-    module="pipeline.measuring.own_model",
-    estimate="own_model.py estimate --json",
-    schemas=("urn:iteragpu-lab:schema:own-model-measurement:v1",),
-    schema_file="own-model-measurement.schema.json",
-    log_name="resultats-own.csv",
-    log_title="own-model",
     columns=(
         "workload_file",
         "workload_sha256",

@@ -323,6 +323,22 @@ def corner_note(axes, height: float, text: str, size: float, colour: str) -> Non
     axes.text(0.01, height, text, transform=axes.transAxes, va="top", fontsize=size, color=colour)
 
 
+def offset_label(axes, text: str, xy, xycoords, xytext, va: str, size: float, colour: str, **more):
+    """A left-aligned label `xytext` points from `xy`: the usable-memory lines' labels."""
+    axes.annotate(
+        text,
+        xy,
+        xycoords=xycoords,
+        xytext=xytext,
+        textcoords="offset points",
+        ha="left",
+        va=va,
+        fontsize=size,
+        color=colour,
+        **more,
+    )
+
+
 def label_lines(axes, labels: list, gap: float = 0.032) -> None:
     """Each line's label right of the axes, at its height, pushed up just enough that no two
     overlap (lines close together on a log axis would print over each other)."""
@@ -331,17 +347,8 @@ def label_lines(axes, labels: list, gap: float = 0.032) -> None:
     for y, text, colour in sorted(labels):
         at = to_axes.transform(axes.transData.transform((0, y)))[1]
         placed = max(at, placed + gap)
-        axes.annotate(  # right of the axes: clear of the points and their labels
-            text,
-            (1, placed),
-            xycoords="axes fraction",
-            xytext=(4, 0),
-            textcoords="offset points",
-            ha="left",
-            va="center",
-            fontsize=7.5,
-            color=colour,
-        )
+        # right of the axes: clear of the points and their labels
+        offset_label(axes, text, (1, placed), "axes fraction", (4, 0), "center", 7.5, colour)
 
 
 def fixed_text(sweep: dict) -> str:
@@ -496,16 +503,15 @@ def sweep_picture(
         if usable / scale <= (10 if log_y else 2.5) * top:
             axes.axhline(usable / scale, color="red", linestyle="--", label=label)
             reach = max(reach, usable / scale)  # the axis reaches the line
-            axes.annotate(  # left, above the line: the right is where a stopped point goes
+            offset_label(  # left, above the line: the right is where a stopped point goes
+                axes,
                 f"{fit.gib(usable)} GiB usable by PyTorch",
                 (0.01, usable / scale),
-                xycoords=("axes fraction", "data"),
-                xytext=(0, 3),
-                textcoords="offset points",
-                ha="left",
-                va="bottom",
-                fontsize=8,
-                color="red",
+                ("axes fraction", "data"),
+                (0, 3),
+                "bottom",
+                8,
+                "red",
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
             )
         else:  # a line at 140 GiB would flatten peaks of a few MiB: name it instead

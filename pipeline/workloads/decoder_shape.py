@@ -35,31 +35,23 @@ class Shape:
     rms_norm_eps: float = 1e-5
 
 
-# Public configurations (config.json on the Hugging Face hub, the fields hidden_size,
-# intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
-# vocab_size, tie_word_embeddings, rope_theta, rms_norm_eps). Qwen2 projects q, k and v with a
-# bias (its modelling code, not a config field); the others have none.
+# Public configurations by their Hugging Face hub repository: its config.json's fields
+# num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, head_dim,
+# intermediate_size, vocab_size, tie_word_embeddings, rope_theta, rms_norm_eps, in Shape's
+# order, a trailing default left out. Qwen2 projects q, k and v with a bias (its modelling code,
+# not a config field); the others have none.
+PUBLISHED = {
+    "meta-llama/Llama-3.2-1B": Shape(16, 2048, 32, 8, 64, 8192, 128256, True, False, 5e5),
+    "meta-llama/Llama-3.2-3B": Shape(28, 3072, 24, 8, 128, 8192, 128256, True, False, 5e5),
+    "meta-llama/Llama-3.1-8B": Shape(32, 4096, 32, 8, 128, 14336, 128256, False, False, 5e5),
+    "Qwen/Qwen2.5-7B": Shape(28, 3584, 28, 4, 128, 18944, 152064, False, True, 1e6, 1e-6),
+    "mistralai/Mistral-7B-v0.3": Shape(32, 4096, 32, 8, 128, 14336, 32768, False, False, 1e6),
+}
+# name: (shape, the config.json it was taken from); a preset is named as its repository, in
+# lower case.
 PRESETS = {
-    "llama-3.2-1b": (
-        Shape(16, 2048, 32, 8, 64, 8192, 128256, True, False, 500000.0, 1e-5),
-        "https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json",
-    ),
-    "llama-3.2-3b": (
-        Shape(28, 3072, 24, 8, 128, 8192, 128256, True, False, 500000.0, 1e-5),
-        "https://huggingface.co/meta-llama/Llama-3.2-3B/blob/main/config.json",
-    ),
-    "llama-3.1-8b": (
-        Shape(32, 4096, 32, 8, 128, 14336, 128256, False, False, 500000.0, 1e-5),
-        "https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json",
-    ),
-    "qwen2.5-7b": (
-        Shape(28, 3584, 28, 4, 128, 18944, 152064, False, True, 1000000.0, 1e-6),
-        "https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json",
-    ),
-    "mistral-7b-v0.3": (
-        Shape(32, 4096, 32, 8, 128, 14336, 32768, False, False, 1000000.0, 1e-5),
-        "https://huggingface.co/mistralai/Mistral-7B-v0.3/blob/main/config.json",
-    ),
+    repo.split("/")[1].lower(): (shape, f"https://huggingface.co/{repo}/blob/main/config.json")
+    for repo, shape in PUBLISHED.items()
 }
 
 
@@ -71,15 +63,10 @@ def parameter_tensors(shape: Shape) -> list[tuple[str, tuple[int, ...], str]]:
     for i in range(shape.layers):
         w = f"layers.{i}."
         tensors.append((w + "attn_norm", (d,), "ones"))
-        tensors.append((w + "q", (q_out, d), "normal"))
-        if shape.qkv_bias:
-            tensors.append((w + "q_bias", (q_out,), "zeros"))
-        tensors.append((w + "k", (kv_out, d), "normal"))
-        if shape.qkv_bias:
-            tensors.append((w + "k_bias", (kv_out,), "zeros"))
-        tensors.append((w + "v", (kv_out, d), "normal"))
-        if shape.qkv_bias:
-            tensors.append((w + "v_bias", (kv_out,), "zeros"))
+        for name, out in (("q", q_out), ("k", kv_out), ("v", kv_out)):
+            tensors.append((w + name, (out, d), "normal"))
+            if shape.qkv_bias:
+                tensors.append((w + name + "_bias", (out,), "zeros"))
         tensors.append((w + "o", (d, q_out), "normal"))
         tensors.append((w + "mlp_norm", (d,), "ones"))
         tensors.append((w + "gate", (shape.ffn, d), "normal"))
