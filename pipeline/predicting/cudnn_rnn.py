@@ -109,7 +109,8 @@ def reserve_bytes(
 
 def output_slack(name: str) -> dict:
     """{output index: bytes} the most replay adds to an operator's outputs: the forward's
-    reserve (index 3), which the rule gives to within RESERVE_SLACK bytes."""
+    reserve (index 3), which the rule gives to within RESERVE_SLACK bytes. A probe of the
+    call on a GPU gives its size itself: the replay takes the probe's."""
     return {3: RESERVE_SLACK} if name == FORWARD else {}
 
 
