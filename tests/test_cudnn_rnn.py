@@ -336,3 +336,24 @@ def test_a_probe_gives_the_reserve_the_trace_knows_within_the_slack(probed_more,
     grown = rows[-1]["peak_allocated_bytes"] - plain[-1]["peak_allocated_bytes"]
     assert grown == (512 * -(-(sizes[3] + probed_more) // 512) - 512 * -(-sizes[3] // 512)
                      if agrees else 0)  # fmt: skip
+
+
+def test_the_backwards_probe_gets_a_reserve_longer_by_the_slack_and_nothing_else_changes():
+    row = dict(mode="GRU", dtype="float32", input=8, hidden=16, layers=2, bidir=False, seq=3,
+               batch=2, batch_first=False, dropout=0.5)  # fmt: skip
+    trace = traced(row)
+    [backward] = ops(trace, cudnn_rnn.BACKWARD)
+    signature = trace.signatures[backward.signature]
+    args, _ = tp.torch_private.tree_unflatten(
+        [tp.rebuild(torch, torch.device("cpu"), leaf) for leaf in signature.leaves], signature.spec
+    )
+    probed = cudnn_rnn.probe_arguments(torch, signature.name, args)
+    assert args[20].numel() > 0
+    assert probed[20].numel() == args[20].numel() + cudnn_rnn.RESERVE_SLACK
+    assert all(a is b for i, (a, b) in enumerate(zip(args, probed, strict=True)) if i != 20)
+    [forward] = ops(trace, cudnn_rnn.FORWARD)
+    same = trace.signatures[forward.signature]
+    plain = tp.torch_private.tree_unflatten(
+        [tp.rebuild(torch, torch.device("cpu"), leaf) for leaf in same.leaves], same.spec
+    )[0]
+    assert cudnn_rnn.probe_arguments(torch, same.name, plain) is plain

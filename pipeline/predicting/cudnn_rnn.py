@@ -114,6 +114,17 @@ def output_slack(name: str) -> dict:
     return {3: RESERVE_SLACK} if name == FORWARD else {}
 
 
+def probe_arguments(torch, name: str, args):
+    """The backward's arguments as a probe passes them: its reserve RESERVE_SLACK bytes
+    longer, since cuDNN refuses a reserve shorter than its own size, which the trace gives
+    within that slack (the bytes past it are never read)."""
+    if name != BACKWARD or len(args) < 21 or not isinstance(args[20], torch.Tensor):
+        return args
+    reserve = args[20]
+    longer = reserve.new_zeros(reserve.numel() + RESERVE_SLACK)
+    return (*args[:20], longer, *args[21:])
+
+
 def dropout_state_bytes(gpu_name: str | None) -> int:
     return DROPOUT_STATE_PER_MULTIPROCESSOR * MULTIPROCESSORS.get(gpu_name, DEFAULT_MULTIPROCESSORS)
 

@@ -1961,6 +1961,7 @@ def probe(torch, device, signature: Signature) -> list[tuple]:
     args, kwargs = torch_private.tree_unflatten(
         [rebuild(torch, device, leaf) for leaf in signature.leaves], signature.spec
     )
+    args = cudnn_rnn.probe_arguments(torch, signature.name, args)
     clear = torch_private.cublas_workspace_clearer(torch)
     torch.cuda.synchronize(device)
     if clear is not None:
