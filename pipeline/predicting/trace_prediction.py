@@ -1946,7 +1946,9 @@ def probe_operators(torch, device, trace: Trace) -> Calibration:
         except torch.cuda.OutOfMemoryError:
             calibration.failed[key] = "out of memory while probing"
         except Exception as exc:  # an operator the probe cannot recreate or run alone
-            calibration.failed[key] = f"probe failed ({type(exc).__name__})"
+            first = (str(exc).strip().splitlines() or [""])[0][:160]  # its first line, said
+            why = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+            calibration.failed[key] = f"probe failed ({why})"
         else:
             if plain(template):
                 calibration.output_only.add(key)
