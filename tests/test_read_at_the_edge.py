@@ -386,11 +386,13 @@ def test_every_single_edit_of_a_kit_prediction_is_refused_or_changes_nothing(tmp
             judged(original, tmp_path / "p.json", runs, capsys, place, value)
 
 
-# What a measured run says of its GPU's memory is evidence for that GPU, not for the peak: a
-# valid change there moves the usable memory by the rule, which the test below holds exactly.
+# What a measured run says of its GPU is evidence for that GPU, not for the peak: a valid
+# change of its memory moves the usable memory by the rule, and of its name, which catalogue
+# model that evidence is for; the two tests below hold both exactly.
 GPU_MEMORY = {
     ("environment", "gpu", "free_memory_bytes_at_start"),
     ("environment", "gpu", "total_memory_bytes"),
+    ("environment", "gpu", "name"),
 }
 
 
@@ -412,6 +414,35 @@ def test_a_measured_runs_own_memory_figures_move_its_gpus_usable_memory_by_the_r
     was = original["environment"]["gpu"]["free_memory_bytes_at_start"]
     assert h200(mutated(original, free, was + 4096)) == before + 4096  # context 4 KiB smaller
     assert h200(mutated(original, free, was - 4096)) == before - 4096
+
+
+def test_a_measured_runs_gpu_name_says_which_models_memory_it_measured(tmp_path, capsys):
+    """Found by the mutation test below: the run's GPU renamed to one the catalogue does not
+    know, the H200's row takes the vendor figure in place of the run's measured memory, and
+    nothing else of the answer moves; the peak stays the measured one."""
+    original = source("own-model")
+    assert original["environment"]["gpu"]["name"] == "NVIDIA H200"
+    runs = tmp_path / "empty-runs"
+    runs.mkdir()
+
+    def answer_for(document) -> dict:
+        path = write(tmp_path, "own.json", document)
+        assert fit.main([str(path), "--days", "7", "--runs-dir", str(runs), "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    before = answer_for(original)
+    after = answer_for(mutated(original, ("environment", "gpu", "name"), "0"))
+    assert (after["peak_reserved_bytes"], after["peak_basis"]) == (
+        before["peak_reserved_bytes"],
+        before["peak_basis"],
+    )
+    changed = [row["gpu"] for row, was in zip(after["rows"], before["rows"], strict=True)
+               if row != was]  # fmt: skip
+    assert changed == ["h200"]
+    [h200] = [row for row in after["rows"] if row["gpu"] == "h200"]
+    [was] = [row for row in before["rows"] if row["gpu"] == "h200"]
+    assert (was["memory_basis"], h200["memory_basis"]) == ("measured", "vendor figure")
+    assert h200["total_memory_bytes"] == 141_000_000_000
 
 
 @pytest.mark.parametrize("kind", ["kit", "decoder", "own-model"])
