@@ -11,22 +11,19 @@ from conftest import RUNS, run_script
 from pipeline.artefacts import validate
 
 pytestmark = pytest.mark.evidence
-REGISTRY = validate.load_registry()
 FILES = sorted(p for p in RUNS.rglob("*") if p.is_file() and not p.is_symlink())
 CHECKED = [  # artefacts and the log (a model's config.json is an input, not an artefact)
     p for p in FILES if p.suffix in (".json", ".csv") and not validate.model_config(p)
 ]
 
 
-@pytest.mark.parametrize("path", [p for p in CHECKED if p.suffix == ".json"], ids=str)
-def test_every_committed_artefact_validates(path):
-    assert validate.read_artefact(path, REGISTRY).errors == []
-
-
 def test_validate_walks_the_committed_runs_and_finds_them_all_valid():
     """One command over the whole tree: each folder kind is either checked (run, sweep,
     notebook, prediction and equivalence grid folders hold JSON artefacts; runs/ holds the
-    log) or listed as skipped with its reason (pictures, benchmark printouts, README)."""
+    log) or listed as skipped with its reason (pictures, benchmark printouts, README). An
+    artefact that fails shows in the comparison below as its own line, with validate.py's
+    reason; every artefact is validated once, here (a test per file validated them all a
+    second time: 2,557 tests, 31 s of a 2-core machine's suite)."""
     result = run_script("validate.py", str(RUNS))
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr == ""
