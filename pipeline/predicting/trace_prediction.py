@@ -2426,11 +2426,12 @@ def replay(
             for step in template or ():
                 if step[0] == "output" and step[1] in pending:
                     sid, nbytes = pending.pop(step[1])
-                    slack = cudnn_rnn.output_slack(op.name).get(step[1], 0)
-                    if step[2] is not None and 0 < step[2] - nbytes <= slack:
-                        nbytes = step[2]  # a size the trace knows within slack: the probe's
                     if step[2] is not None and nbytes != step[2]:  # None: a pattern's
-                        mismatches.setdefault(op.name, f"output {step[1]}: traced {nbytes} B")
+                        slack = cudnn_rnn.output_slack(op.name).get(step[1], 0)
+                        if 0 < step[2] - nbytes <= slack:
+                            nbytes = step[2]  # a size the trace knows within slack: the probe's
+                        else:
+                            mismatches.setdefault(op.name, f"output {step[1]}: traced {nbytes} B")
                     nbytes += wide.get(step[1], 0) if nbytes else 0
                     blocks[sid] = (malloc(nbytes, op.name), nbytes)
                 elif step[0] == "output":
@@ -2631,9 +2632,9 @@ def bounds(trace: Trace, calibration, rows: list, spread: dict, unknown: list):
         )
     uncertain = uncertain_calls(trace, calibration)
     wider = {
-        key: cudnn_rnn.output_slack(signature.name)
+        key: slack
         for key, signature in trace.signatures.items()
-        if cudnn_rnn.output_slack(signature.name)
+        if (slack := cudnn_rnn.output_slack(signature.name))
     }
     floor = DriverOrder()
     least = replay(
