@@ -18,9 +18,10 @@ nn = torch.nn
 MODULES = {"LSTM": nn.LSTM, "GRU": nn.GRU, "RNN_TANH": nn.RNN, "RNN_RELU": nn.RNN}
 MODES = {"LSTM": cudnn_rnn.LSTM, "GRU": cudnn_rnn.GRU, "RNN_TANH": cudnn_rnn.RNN_TANH,
          "RNN_RELU": cudnn_rnn.RNN_RELU}  # fmt: skip
-ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2}
+ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 H200_PROBE = RUNS / "20261205T163041Z-h200-rnn-probe" / "rnnprobe.json.gz"
 H100_PROBE = RUNS / "20261205T184600Z-h100-rnn-probe-2" / "rnnprobe2.json.gz"
+H100_PROBE_3 = RUNS / "20261206T044500Z-h100-rnn-probe-3" / "rnnprobe3.json.gz"
 BLIND = RUNS / "20261205T175000Z-lstm-blind"
 BLIND_RECURRENT = RUNS / "20261205T172000Z-rnn-blind"
 REPREDICTED = RUNS / "20261205T181500Z-rnn-repredicted"
@@ -159,7 +160,9 @@ def made_and_freed(history) -> list[int]:
     return done
 
 
-@pytest.mark.parametrize("path", [H200_PROBE, H100_PROBE], ids=["h200", "h100"])
+@pytest.mark.parametrize(
+    "path", [H200_PROBE, H100_PROBE, H100_PROBE_3], ids=["h200", "h100", "h100-float64-projected"]
+)
 def test_every_probed_workspace_lies_within_the_bound_the_most_replay_gives(path):
     """Forward (training and evaluation) and backward: every block a call made and freed
     that is as large as the fixed part (the workspaces) is within scratch_bound, and each
@@ -177,7 +180,7 @@ def test_every_probed_workspace_lies_within_the_bound_the_most_replay_gives(path
             for size in made_and_freed(history):
                 assert size < fixed or size <= bound, (size, bound, row)
                 seen += size >= fixed
-    assert seen > {H200_PROBE: 2000, H100_PROBE: 500}[path]
+    assert seen > {H200_PROBE: 2000, H100_PROBE: 500, H100_PROBE_3: 300}[path]
 
 
 @pytest.mark.parametrize(
@@ -357,3 +360,42 @@ def test_the_backwards_probe_gets_a_reserve_longer_by_the_slack_and_nothing_else
         [tp.rebuild(torch, torch.device("cpu"), leaf) for leaf in same.leaves], same.spec
     )[0]
     assert cudnn_rnn.probe_arguments(torch, same.name, plain) is plain
+
+
+def probe_3_training_rows():
+    rows = [row for row in probe_rows(H100_PROBE_3) if row["kind"] == "train"]
+    assert len(rows) == 130
+    return rows
+
+
+def test_every_third_probe_reserve_lies_within_the_slack_above_cudnns_rule():
+    """Oracle: the H100's 130 training calls in float64 or with projections and dropout
+    between layers (their mask on the projected outputs): each reserve is 0 to RESERVE_SLACK
+    bytes above reserve_bytes, and exactly it in float64 without dropout."""
+    for row in probe_3_training_rows():
+        rule = cudnn_rnn.reserve_bytes(
+            MODES[row["mode"]], row["layers"], 2 if row["bidir"] else 1, row["seq"] * row["batch"],
+            row["hidden"], row.get("proj", 0), ELEMENT[row["dtype"]], bool(row.get("dropout")),
+        )  # fmt: skip
+        assert 0 <= row["reserve"] - rule <= cudnn_rnn.RESERVE_SLACK, row
+        if not row.get("dropout"):
+            assert row["reserve"] == rule, row
+
+
+@pytest.mark.filterwarnings("ignore:dropout option adds dropout after all but last")
+def test_float64_and_projections_with_dropout_are_traced_as_cudnn_runs_them():
+    """Every 8th of those calls traced for the GPU: cuDNN's call (no meta-device note), the
+    dropout state where the layers drop out, the reserve of the rule, and the weights
+    flattened at model_load, as the probe found them, in float64 as in float32."""
+    rows = probe_3_training_rows()[::8]
+    assert {row["dtype"] for row in rows} >= {"float64", "bfloat16"}
+    assert any(row.get("proj") and row.get("dropout") for row in rows)
+    for row in rows:
+        trace = traced(row)
+        assert "recurrent layers" not in trace.notes, row
+        [forward] = ops(trace, cudnn_rnn.FORWARD)
+        assert 0 <= row["reserve"] - forward.outputs[3][2] <= cudnn_rnn.RESERVE_SLACK, row
+        assert (len(forward.outputs) == 4) is row["flat"], row  # no buffer made per call
+        made = [n for e in trace.events if e[0] == "op" for _, _, n in e[1].outputs]
+        state = cudnn_rnn.dropout_state_bytes("NVIDIA H100 80GB HBM3")
+        assert (made.count(state) == 1) is bool(row.get("dropout")), row

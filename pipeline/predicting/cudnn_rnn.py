@@ -39,8 +39,13 @@ without dropout: the most replay gives each reserve RESERVE_SLACK bytes more. A 
 that sets a seed between its recurrent calls makes the GPU build the state again, for a
 moment twice: not followed.
 
-Packed sequences, an LSTM with projections and dropout, and float64 are not followed: the
-call runs as it comes, with the trace's note.
+An LSTM with projections and dropout keeps its mask on the projected outputs, (layers - 1) x
+tokens x proj x directions^2 bits; float64 calls follow the same rules in 8-byte elements,
+their parameters flattened as float32's are: a third H100 probe (62 training calls with
+projections and dropout, 129 calls in float64; runs/20261206T044500Z-h100-rnn-probe-3) gave
+every reserve 0 to 240 bytes above these rules and every workspace within the bound.
+
+Packed sequences are not followed: the call runs as it comes, with the trace's note.
 """
 
 from __future__ import annotations
@@ -64,8 +69,8 @@ WORKSPACE_GROWTH_FACTOR = 6
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 FORWARD = "aten._cudnn_rnn.default"
 BACKWARD = "aten._cudnn_rnn_backward.default"
-DTYPES = ("float32", "float16", "bfloat16")  # probed; cuDNN runs float64 too
-FLATTENED = ("float32", "float16")  # torch.backends.cudnn.is_acceptable: float64 too
+DTYPES = ("float32", "float16", "bfloat16", "float64")  # probed
+FLATTENED = ("float32", "float16", "float64")  # torch.backends.cudnn.is_acceptable
 # cuDNN's dropout state (cudnnDropoutGetStatesSize): 6,488,064 B on the H100's 132
 # multiprocessors; the GPUs below by their name as torch.cuda.get_device_name gives it.
 DROPOUT_STATE_PER_MULTIPROCESSOR = 49152
@@ -99,11 +104,13 @@ def reserve_bytes(
 ) -> int:
     """The reserve: with projections, each layer keeps its hidden state before and after
     the projection too ((7 layers - 1) x hidden + layers x proj: 174 of 174 H200 probes);
-    with dropout, the mask between layers, one bit per element (the module's docstring)."""
+    with dropout, the mask on the outputs between layers (projected ones where the layers
+    project), one bit per element (the module's docstring)."""
     per_token = (RESERVE_PER_LAYER[mode] * layers - 1) * hidden
     if proj:
         per_token = (PROJECTED_PER_LAYER * layers - 1) * hidden + layers * proj
-    mask = -(-(layers - 1) * tokens * hidden * directions**2 // 8) if dropout else 0
+    out = proj or hidden
+    mask = -(-(layers - 1) * tokens * out * directions**2 // 8) if dropout else 0
     return per_token * tokens * directions * element_bytes + RESERVE_EXTRA + mask
 
 
@@ -157,8 +164,6 @@ def rnn_as_on_gpu(torch, func, args, kwargs, held: dict, gpu_name: str | None):
         hidden_size, proj = cx.size(2), hx.size(2)
     state = None
     if dropout > 0 and train:
-        if proj:
-            return None  # never probed with dropout
         state = dropout_state(torch, x, held, gpu_name)
     forward = torch_private.cudnn_rnn_operators(torch)[0]
     output, hy, cy, _, _ = forward(
