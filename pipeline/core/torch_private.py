@@ -402,15 +402,21 @@ def fast_path_operators(torch) -> tuple:
 def add_fake_kernel(op, kernel):
     """Fake tensors take `kernel(fake_mode, op, *args, **kwargs)` for `op`, ahead of its meta
     kernel (cuDNN's recurrent layers: a reserve sized as on the GPU, and a backward that has
-    no meta kernel); returns the undo."""
+    no meta kernel) and of a Python decomposition, which the fake mode would run first
+    (mse_loss's: a fresh scalar where a real run keeps the elementwise loss's block); returns
+    the undo."""
+    from torch._decomp import decomposition_table
     from torch._subclasses import fake_impls
 
     entry = (lambda func: func is op, kernel)
     forget_cached_calls(op)
     fake_impls.op_implementations_checks.insert(0, entry)
+    decomposition = decomposition_table.pop(op, None)
 
     def undo():
         fake_impls.op_implementations_checks.remove(entry)
+        if decomposition is not None:
+            decomposition_table[op] = decomposition
         forget_cached_calls(op)
 
     return undo
