@@ -735,3 +735,35 @@ def test_the_fast_path_operators_take_what_the_modules_give_them():
     out, weights = attention(m(2, 5, 16), m(2, 5, 16), m(2, 5, 16), 16, 4, m(48, 16), m(48),
                              m(16, 16), m(16), None, True, True, None)  # fmt: skip
     assert (out.shape, weights.shape) == ((2, 5, 16), (2, 5, 5))
+
+
+def test_never_cached_makes_the_fake_mode_compute_each_call_anew_on_that_mode_only():
+    """The fake mode's own check of a cache entry (_validate_cache_key, an instance method
+    wrapped on the one mode) refuses the named operators: each call bypasses the cache, which
+    would remake its output from shape alone; other operators are cached as before, and the
+    undo gives the mode its class's method back and the operators their caching."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    add, mul = torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor
+    mode, other = FakeTensorMode(), FakeTensorMode()
+    undo = tpv.never_cached(mode, [add])
+    reason = "a storage larger than its shape"
+    try:
+        with mode:
+            x = torch.empty(3, 4, device="meta")
+            before, hits = FakeTensorMode.cache_bypasses[reason], FakeTensorMode.cache_hits
+            for _ in range(3):
+                add(x, x)
+            assert FakeTensorMode.cache_hits == hits  # never answered from the cache
+            assert FakeTensorMode.cache_bypasses[reason] > before
+            mul(x, x), mul(x, x)
+            assert FakeTensorMode.cache_hits > hits  # mul: cached as ever
+    finally:
+        undo()
+    assert "_validate_cache_key" not in vars(mode)
+    with other:  # the cache's entries for add (one shared by every mode) forgotten: cached again
+        y = torch.empty(3, 4, device="meta")
+        add(y, y)
+        hits = FakeTensorMode.cache_hits
+        add(y, y)
+        assert FakeTensorMode.cache_hits == hits + 1

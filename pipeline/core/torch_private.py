@@ -422,6 +422,35 @@ def add_fake_kernel(op, kernel):
     return undo
 
 
+def never_cached(fake_mode, ops):
+    """`fake_mode` computes each call of `ops` anew, never from its dispatch cache, whose
+    entries remake an output from its shape, strides and dtype alone: a loss whose scalar
+    keeps the elementwise loss's block (loss_outputs.py) came back from the cache with a
+    scalar's. The mode's own check of a call's cache entry is wrapped, on this mode only;
+    returns the undo."""
+    from torch._subclasses import fake_tensor
+
+    bypass = fake_tensor._BypassDispatchCache
+    original = fake_mode._validate_cache_key
+    ops = frozenset(ops)
+
+    def validate(func, args, kwargs):
+        if func in ops:
+            raise bypass("a storage larger than its shape")
+        return original(func, args, kwargs)
+
+    fake_mode._validate_cache_key = validate
+    for op in ops:  # entries made before (the cache is the class's, shared by every mode)
+        forget_cached_calls(op)
+
+    def undo():
+        del fake_mode._validate_cache_key  # the class's method again
+        for op in ops:
+            forget_cached_calls(op)
+
+    return undo
+
+
 def forget_cached_calls(op) -> None:
     """Drops the fake mode's cached outputs of `op`: the dispatch cache is shared by every
     FakeTensorMode of the process and keyed by the call alone, so outputs made by one kernel

@@ -60,9 +60,10 @@ def _reduced_in_place(fake_mode, func, *args, **kwargs):
     return out
 
 
-def add_fake_kernels(torch):
-    """The four operators' fake kernels, for the trace's time; returns the undo."""
-    undo = [
-        torch_private.add_fake_kernel(op, _reduced_in_place) for op in operators(torch).values()
-    ]
+def add_fake_kernels(torch, fake_mode):
+    """The four operators' fake kernels, for the trace's time, and `fake_mode` computing each
+    of their calls anew (its cache would remake a scalar's block); returns the undo."""
+    ops = operators(torch).values()
+    undo = [torch_private.add_fake_kernel(op, _reduced_in_place) for op in ops]
+    undo.append(torch_private.never_cached(fake_mode, ops))
     return lambda: [step() for step in reversed(undo)]

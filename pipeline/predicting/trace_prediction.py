@@ -521,7 +521,7 @@ class Tracer:
                 self._patch_fast_paths()
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
                 self._undo.append(fused_cells.add_fake_kernels(self.torch))
-                self._undo.append(loss_outputs.add_fake_kernels(self.torch))
+                self._undo.append(loss_outputs.add_fake_kernels(self.torch, self.fake))
                 if self.target is not None and self.target.cudnn() is not None:
                     self._undo.append(cudnn_rnn.add_fake_kernels(self.torch))
                     self._patch_rnn_flatten()
