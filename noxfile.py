@@ -177,7 +177,7 @@ def run_stage(
         raise SystemExit(USAGE if failed.return_code is None else failed.return_code) from None
 
 
-def install_cpu_torch(session: nox.Session, *options: str) -> None:
+def install_cpu_torch(session: nox.Session) -> None:
     """Install the pinned CPU torch once per reused venv, from PyTorch's CPU index (on Linux,
     PyPI's build needs CUDA: several GB). A CPU build that pip finds without any index (a
     wheel house named by pip's --find-links) is taken as it is: with the CPU index as an extra
@@ -189,9 +189,9 @@ def install_cpu_torch(session: nox.Session, *options: str) -> None:
         return
     wheel = local_cpu_build(session)
     if wheel:
-        session.install(wheel, *options)  # that very file; its dependencies from pip's indexes
+        session.install(wheel)  # that very file; its dependencies from pip's indexes
         return
-    session.install(TORCH_PIN, "--extra-index-url", TORCH_CPU_INDEX, *options)
+    session.install(TORCH_PIN, "--extra-index-url", TORCH_CPU_INDEX)
 
 
 def local_cpu_build(session: nox.Session) -> str | None:
@@ -223,12 +223,12 @@ WRITE_BYTECODE = {"PYTHONDONTWRITEBYTECODE": ""}
 def tests(session: nox.Session) -> None:
     """Run the test suite with a CPU torch; GPU tests are skipped where no GPU is visible."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "test"))
-    # torch and transformers unpacked without compiling their thousands of modules (the tests
-    # import a few of them, whose bytecode the first interpreter writes): 15 s instead of 43 s
-    # on a 2-core machine, 5.5 s more at the first import.
-    install_cpu_torch(session, "--no-compile")
+    install_cpu_torch(session)
     # After torch: peft and accelerate require torch, and before it pip would fetch a CUDA one.
-    session.install(*nox.project.dependency_groups(PYPROJECT, "hf"), "--no-compile")
+    # (Installed with --no-compile, torch and transformers took 15 s instead of 43 s, but the
+    # suite's first imports and the kit sessions beside it took that time back: make test
+    # 346-351 s from a fresh clone on a 2-core machine, against 352 s.)
+    session.install(*nox.project.dependency_groups(PYPROJECT, "hf"))
     # Most tests pay a subprocess's `import torch`: on several processes (pytest-xdist) the
     # suite takes about 70% of its time on one, on a 2-core machine; the GPU tests stay
     # together on one process (conftest.py). `nox -s tests -- -n 0`: one process.
