@@ -1,4 +1,5 @@
-"""Four losses whose reduced result keeps the elementwise loss's block, for every trace.
+"""Four losses whose reduced result keeps the elementwise loss's block, and one backward
+without a meta kernel, for every trace.
 
 With reduction "mean" or "sum", a real run of `mse_loss`, `smooth_l1_loss`,
 `binary_cross_entropy` and `soft_margin_loss` returns a 0-dimensional tensor whose storage is
@@ -16,6 +17,10 @@ the input's shape (broadcast with the target's for mse_loss and smooth_l1_loss, 
 broadcast) and result dtype, resized to a scalar where the loss is reduced. Other losses
 (l1, huber, cross-entropy, nll, kl_div, BCE with logits, ...) return a block of their own
 size on every device, as the fake kernels do.
+
+`multi_margin_loss_backward` (nn.MultiMarginLoss in training) has no meta kernel, so the
+trace stopped there; its CPU and CUDA kernels resize an empty gradient as the input, and the
+trace's kernel makes that block (the call's scratch stays uncovered: bounded).
 
 Standard library only (torch is passed in).
 """
@@ -60,10 +65,19 @@ def _reduced_in_place(fake_mode, func, *args, **kwargs):
     return out
 
 
+def _multi_margin_backward(fake_mode, func, *args, **kwargs):
+    """The gradient of the input, like the input (the module's docstring)."""
+    x = argument(func, args, kwargs, "self")
+    with fake_mode:
+        return x.new_empty(x.shape)
+
+
 def add_fake_kernels(torch, fake_mode):
-    """The four operators' fake kernels, for the trace's time, and `fake_mode` computing each
-    of their calls anew (its cache would remake a scalar's block); returns the undo."""
+    """The fake kernels, for the trace's time, and `fake_mode` computing each call of the
+    four losses anew (its cache would remake a scalar's block); returns the undo."""
     ops = operators(torch).values()
     undo = [torch_private.add_fake_kernel(op, _reduced_in_place) for op in ops]
+    backward = torch.ops.aten.multi_margin_loss_backward.default
+    undo.append(torch_private.add_fake_kernel(backward, _multi_margin_backward))
     undo.append(torch_private.never_cached(fake_mode, ops))
     return lambda: [step() for step in reversed(undo)]
