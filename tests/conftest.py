@@ -88,6 +88,15 @@ def pytest_addoption(parser):
     )
 
 
+# Every test this process collected, before -m and -k deselect any: its id -> whether it is
+# marked gpu or gpu_whole (test_noxfile reads it instead of collecting the suite again).
+COLLECTED: dict[str, bool] = {}
+
+
+def pytest_itemcollected(item):
+    COLLECTED[item.nodeid] = any(m.name in ("gpu", "gpu_whole") for m in item.iter_markers())
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests run where a GPU is visible, one after another on one test process (those
     that run to out-of-memory would starve the others), or with --gpu-shared all at once
