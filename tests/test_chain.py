@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import runfixtures
-from conftest import ROOT, cuda_available, run_script
+from conftest import ROOT, call_main, cuda_available, run_script
 
 from pipeline.artefacts import validate
 from pipeline.core import run_folders
@@ -591,7 +591,7 @@ def test_a_run_whose_workload_raised_keeps_its_file_exits_1_and_is_not_recorded(
 )
 def test_bad_own_model_flags_stop_before_a_run_folder_exists(tmp_path, flags, message):
     argv = ["--device", "cuda:0", *flags, "--runs-dir", str(tmp_path)]
-    result = run_script("chain.py", *argv, cwd=ROOT)
+    result = call_main(chain.main, *argv, cwd=ROOT)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("chain.py: error: ")
@@ -738,7 +738,7 @@ def test_a_classifier_the_lab_cannot_run_stops_before_a_run_folder_exists(
     runs = tmp_path / "runs"
     runs.mkdir()
     argv = ["--device", "cuda:0", "--hf-config", str(path), "--task", "training", "--batch", "2"]
-    result = run_script("chain.py", *argv, "--runs-dir", str(runs), cwd=ROOT)
+    result = call_main(chain.main, *argv, "--runs-dir", str(runs), cwd=ROOT)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     assert message in result.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, RUNS, run_script, run_unread
+from conftest import ROOT, RUNS, call_main, run_script, run_unread
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -253,7 +253,7 @@ def test_every_grid_point_is_predicted_without_a_gpu_to_the_h200s_bytes(path):
 def test_a_predicted_document_validates_and_says_what_it_does_not_know():
     """Without --gpu: the meta device's own kernel choice (the math attention) and no kernel
     blocks, said approximate, operator by operator."""
-    result = run_script("decoder.py", "estimate", "--preset", "llama-3.1-8b", "--json")
+    result = call_main(decoder.main, "estimate", "--preset", "llama-3.1-8b", "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert validate.validate_document(document, REGISTRY) == []
@@ -439,8 +439,8 @@ def test_a_prediction_over_the_estimate_budget_is_refused_up_front(tmp_path, arg
 
 
 def test_the_estimate_budget_admits_its_limit_and_every_committed_configuration():
-    within = run_script("decoder.py", "estimate", *TINY_ARGS, "--new-tokens", "9",
-                        "--estimate-budget", "10", "--json")  # fmt: skip
+    within = call_main(decoder.main, "estimate", *TINY_ARGS, "--new-tokens", "9",
+                       "--estimate-budget", "10", "--json")  # fmt: skip
     assert within.returncode == 0, within.stderr
     assert decoder.layer_passes(TINY, {"new_tokens": 9}) == 10
     eight_b = decoder.PRESETS["llama-3.1-8b"][0]
@@ -509,7 +509,7 @@ POINT += ["--vocab", "1000", "--batch", "2", "--prompt", "33", "--new-tokens", "
 
 
 def estimate(*args: str):
-    result = run_script("decoder.py", "estimate", *POINT, *args, cwd=ROOT)
+    result = call_main(decoder.main, "estimate", *POINT, *args)
     assert result.returncode == 0, result.stderr
     return result
 

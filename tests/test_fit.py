@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import runfixtures
-from conftest import ROOT, RUNS, outside_python, run_script, run_unread
+from conftest import ROOT, RUNS, call_main, outside_python, run_script, run_unread
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from pipeline.measuring import decoder
 from pipeline.stages import fit
 
 CONTEXT_SWEEP = "20261202T113219Z-8f4a88-sweep"
@@ -352,8 +353,8 @@ def test_a_decoder_run_is_fitted_from_its_measured_peak(tmp_path):
 
 
 def test_a_decoder_prediction_says_it_is_one_and_when_nothing_fits(tmp_path):
-    estimate = run_script(
-        "decoder.py",
+    estimate = call_main(
+        decoder.main,
         "estimate",
         "--preset",
         "llama-3.1-8b",

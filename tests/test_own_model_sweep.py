@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import runfixtures
-from conftest import ROOT, run_script
+from conftest import ROOT, call_main, run_script
 
 from pipeline.artefacts import validate
 from pipeline.stages import sweep
@@ -266,7 +266,7 @@ def test_a_bad_hugging_face_sweep_is_one_line_exit_2_and_runs_nothing(config, ru
         argv += ["--vary", "batch"]
     if "--memory-fraction" not in extra:
         argv.append("--until-oom")
-    result = run_script("sweep.py", "--device", "cuda:0", *argv, "--runs-dir", str(runs))
+    result = call_main(sweep.main, "--device", "cuda:0", *argv, "--runs-dir", str(runs))
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.splitlines()
     assert line.startswith(f"sweep.py: error: {message}"), line

@@ -10,11 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, RUNS, run_script
+from conftest import ROOT, RUNS, call_main, run_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.artefacts import validate
+from pipeline.measuring import decoder
 from pipeline.stages import fit
 
 LARGE_RUN = "20261202T112323Z-50900d"  # a kit run on the H200 (environment in its measurement)
@@ -45,7 +46,7 @@ def kit_prediction() -> dict:
 def decoder_prediction() -> dict:
     flags = ["--layers", "1", "--width", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128"]
     flags += ["--vocab", "256", "--prompt", "8", "--new-tokens", "2", "--batch", "1"]
-    result = run_script("decoder.py", "estimate", *flags, "--dtype", "bfloat16", "--json")
+    result = call_main(decoder.main, "estimate", *flags, "--dtype", "bfloat16", "--json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
