@@ -380,6 +380,12 @@ def cudnn_rnn_operators(torch) -> tuple:
     return torch.ops.aten._cudnn_rnn.default, torch.ops.aten._cudnn_rnn_backward.default
 
 
+def pack_padded_operator(torch):
+    """_pack_padded_sequence: what pack_padded_sequence calls, whose lengths' values the
+    trace reads to pack as the GPU's kernel does (packed_sequences.py)."""
+    return torch.ops.aten._pack_padded_sequence.default
+
+
 def fused_cell_operators(torch) -> dict:
     """The operators a GPU's LSTMCell and GRUCell call (RNN.cpp's CUDA branch), and the GRU
     backward autograd records, which has no meta kernel (fused_cells.py): by name."""

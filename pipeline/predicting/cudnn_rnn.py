@@ -45,7 +45,10 @@ their parameters flattened as float32's are: a third H100 probe (62 training cal
 projections and dropout, 129 calls in float64; runs/20261206T044500Z-h100-rnn-probe-3) gave
 every reserve 0 to 240 bytes above these rules and every workspace within the bound.
 
-Packed sequences are not followed: the call runs as it comes, with the trace's note.
+A packed sequence (packed_sequences.py, its batch sizes known) takes the same call with
+them: the packed data's tokens stand for seq x batch in the rules and its largest batch
+size for the batch; no probe ran packed calls, so the bound above is all the prediction says
+of their workspace.
 """
 
 from __future__ import annotations
@@ -151,13 +154,20 @@ def rnn_as_on_gpu(torch, func, args, kwargs, held: dict, gpu_name: str | None):
     not followed (see the module's docstring) or cuDNN would not take it. `held`: what the
     trace keeps alive as the process would (the dropout state)."""
     mode = mode_of(torch, func)
-    if mode is None or kwargs or len(args) != 9 or not isinstance(args[3], bool):
-        return None  # a packed sequence: (data, batch_sizes, hx, params, ...)
-    x, hidden, params, has_biases, layers, dropout, train, bidirectional, batch_first = args
+    if mode is None or kwargs or len(args) != 9:
+        return None
+    batch_sizes: list = []
+    if isinstance(args[3], bool):
+        x, hidden, params, has_biases, layers, dropout, train, bidirectional, batch_first = args
+    else:  # a packed sequence: (data, batch_sizes, hx, params, ...), its batch sizes real
+        x, sizes, hidden, params, has_biases, layers, dropout, train, bidirectional = args
+        if type(sizes) is not torch.Tensor or sizes.device.type != "cpu" or x.dim() != 2:
+            return None  # batch sizes without values (a fake tensor): not followed
+        batch_sizes, batch_first = sizes.tolist(), False
     hx, cx = (hidden[0], hidden[1]) if mode == LSTM else (hidden, None)
     if not torch.backends.cudnn.enabled or str(x.dtype).removeprefix("torch.") not in DTYPES:
         return None
-    if x.dim() != 3 or any(p.dtype != x.dtype for p in params):
+    if x.dim() != (2 if batch_sizes else 3) or any(p.dtype != x.dtype for p in params):
         return None
     hidden_size, proj = hx.size(2), 0
     if cx is not None and cx.size(2) != hx.size(2):  # an LSTM with projections
@@ -181,7 +191,7 @@ def rnn_as_on_gpu(torch, func, args, kwargs, held: dict, gpu_name: str | None):
         dropout,
         train,
         bidirectional,
-        [],
+        batch_sizes,
         state,
     )
     return (output, hy, cy) if mode == LSTM else (output, hy)

@@ -50,6 +50,7 @@ from pipeline.predicting import (
     fused_cells,
     kernel_formulas,
     loss_outputs,
+    packed_sequences,
     reduce_scratch,
     segment_order,
 )
@@ -1037,6 +1038,7 @@ def make_recorder(torch):
     aten = torch.ops.aten
     POINTWISE_OUT = {aten.mul.out, aten.add.out, aten.sub.out}
     RNN = torch_private.cudnn_rnn_operators(torch)[0]  # seeded (dropout); cudnn_rnn's fake kernel
+    PACK = torch_private.pack_padded_operator(torch)  # packed_sequences: the lengths read
     # Operators whose outputs may take their shapes from values: FakeTensorMode caches none.
     value_shaped = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
     PRIM_DEVICE = torch.ops.prim.device.default  # a third of a decoder trace's calls
@@ -1146,6 +1148,11 @@ def make_recorder(torch):
             facts = self.operators.get(func) or self.facts(func)
             if not facts.prim:  # prim.device is asked inside other operators' calls
                 self.poll()
+            if func is PACK and not self.tracer.real:
+                if not packed_sequences.has_values(torch, args[1]):
+                    raise TraceStopped(packed_sequences.NO_VALUES)
+                with self:
+                    return packed_sequences.pack(torch, *args, **kwargs)
             if not self.tracer.real:
                 if self.on_host(args, kwargs):
                     with torch_private.unset_fake_temporarily():
