@@ -142,3 +142,20 @@ def test_packing_is_traced_as_the_kernels_operators():
         ("aten.contiguous.default", 3 * 3 * 6 * 4),
         ("aten.cat.default", 21 * 6 * 4),
     ]
+
+
+def test_a_packed_prediction_for_the_gpu_claims_no_bounds_and_says_why():
+    """cuDNN's workspace in packed calls was never probed, and an H100 measured one such
+    model's reserved peak above the bounds of unpacked calls: no bounds are claimed."""
+    from pipeline.predicting import gpu_calibration
+
+    trace = traced_tagger(True)
+    assert trace.notes[cudnn_rnn.PACKED_CALLS] == cudnn_rnn.PACKED_WHY
+    calibration, _ = gpu_calibration.load("h200")
+    prediction = tp.predict(trace, calibration)
+    assert prediction.status == tp.PredictionStatus.APPROXIMATE
+    assert prediction.bounds is None
+    assert cudnn_rnn.PACKED_CALLS in prediction.unbounded
+    assert {"op": cudnn_rnn.PACKED_CALLS, "calls": 0, "why": cudnn_rnn.PACKED_WHY} in (
+        prediction.unknown
+    )

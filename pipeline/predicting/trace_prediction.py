@@ -677,6 +677,8 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
             if func in recurrent and target is not None and target.cudnn() is not None:
                 routed = cudnn_rnn.rnn_as_on_gpu(torch, func, args, kwargs, held, target.name)
                 if routed is not None:
+                    if cudnn_rnn.packed(args):
+                        trace.notes.setdefault(cudnn_rnn.PACKED_CALLS, cudnn_rnn.PACKED_WHY)
                     return routed
             if not meta:
                 return func(*args, **kwargs)
