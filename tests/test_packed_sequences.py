@@ -155,7 +155,7 @@ def test_a_packed_prediction_for_the_gpu_claims_no_bounds_and_says_why():
     prediction = tp.predict(trace, calibration)
     assert prediction.status == tp.PredictionStatus.APPROXIMATE
     assert prediction.bounds is None
-    assert cudnn_rnn.PACKED_CALLS in prediction.unbounded
+    assert prediction.unbounded == f"no bounds: {cudnn_rnn.PACKED_UNBOUNDED}"
     assert {"op": cudnn_rnn.PACKED_CALLS, "calls": 0, "why": cudnn_rnn.PACKED_WHY} in (
         prediction.unknown
     )

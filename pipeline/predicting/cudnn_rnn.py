@@ -85,6 +85,7 @@ HELD_STATE = "cuDNN dropout state"
 
 
 PACKED_CALLS = "recurrent layers on packed sequences"
+PACKED_UNBOUNDED = "cuDNN's workspace in calls on packed sequences was never probed"
 PACKED_WHY = (
     "cuDNN's workspace in calls on packed sequences was never probed, and its blocks move "
     "the reserved peak past the bound of unpacked calls (an LSTM language model measured on "

@@ -2636,6 +2636,8 @@ def boundable(entry: dict) -> bool:
 def bounds(trace: Trace, calibration, rows: list, spread: dict, unknown: list):
     """(per row {peak counter: (lower, upper)}, None), or (None, why there are none)."""
     unbounded = [entry["op"] for entry in unknown if not boundable(entry)]
+    if unbounded == [cudnn_rnn.PACKED_CALLS]:
+        return None, f"no bounds: {cudnn_rnn.PACKED_UNBOUNDED}"
     if unbounded:
         return None, (
             "no bounds: the GPU may take another kernel or another way through the code than "
