@@ -788,3 +788,22 @@ def test_the_pack_operator_is_what_pack_padded_sequence_calls_and_fake_tensors_r
     assert op in seen
     with tpv.FakeTensorMode(), pytest.raises(tpv.fake_tensor_limits()):
         op(torch.empty(3, 2, 4), torch.tensor([3, 2]), False)
+
+
+def test_the_local_scalar_operator_is_what_bool_of_a_tensor_calls_and_fake_tensors_refuse():
+    """Why a value check needs the trace's answer (make_choice_notes' `checked`)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    op = tpv.local_scalar_operator(torch)
+    seen = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        bool(torch.any(torch.randn(3) < 0))
+    assert op in seen
+    with tpv.FakeTensorMode(), pytest.raises(tpv.fake_tensor_limits()):
+        bool(torch.any(torch.empty(3) < 0))

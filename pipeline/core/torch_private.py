@@ -386,6 +386,12 @@ def pack_padded_operator(torch):
     return torch.ops.aten._pack_padded_sequence.default
 
 
+def local_scalar_operator(torch):
+    """_local_scalar_dense: a tensor's value read back to Python (`bool(t)`, `.item()`),
+    which fake tensors refuse; the trace answers a value check with it (trace_prediction)."""
+    return torch.ops.aten._local_scalar_dense.default
+
+
 def fused_cell_operators(torch) -> dict:
     """The operators a GPU's LSTMCell and GRUCell call (RNN.cpp's CUDA branch), and the GRU
     backward autograd records, which has no meta kernel (fused_cells.py): by name."""

@@ -451,6 +451,7 @@ class Trace:
     signatures: dict = dataclasses.field(default_factory=dict)
     notes: dict = dataclasses.field(default_factory=dict)  # op name -> why it is unknown
     stopped: str | None = None
+    checks_passing: int = 0  # inside a function whose value checks are taken as passed
 
     @property
     def operator_calls(self) -> int:
@@ -663,6 +664,10 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     # that what they call would not be seen (nn.MultiheadAttention's general path and its
     # scaled_dot_product_attention: the meta device's math kernel, where a GPU takes flash).
     nested = {torch.nn.functional.multi_head_attention_forward}
+    # Python functions that check a tensor's values and raise where they are bad, which fake
+    # tensors cannot tell: the check's operators run, and it is taken as passed, as it is in
+    # any run that goes on (gaussian_nll_loss: `torch.any(var < 0)`; Recorder answers it).
+    checked = {torch.nn.functional.gaussian_nll_loss}
     held: dict = {}  # what a GPU process keeps to its end (cuDNN's dropout state)
 
     class ChoiceNotes(TorchFunctionMode):
@@ -670,6 +675,12 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
             kwargs = kwargs or {}
             if func in nested:
                 return with_mode_inside(self, func, args, kwargs)
+            if func in checked:
+                trace.checks_passing += 1
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    trace.checks_passing -= 1
             if func not in special:
                 return func(*args, **kwargs)
             if func is sdpa and target is not None:
@@ -1041,6 +1052,7 @@ def make_recorder(torch):
     POINTWISE_OUT = {aten.mul.out, aten.add.out, aten.sub.out}
     RNN = torch_private.cudnn_rnn_operators(torch)[0]  # seeded (dropout); cudnn_rnn's fake kernel
     PACK = torch_private.pack_padded_operator(torch)  # packed_sequences: the lengths read
+    SCALAR = torch_private.local_scalar_operator(torch)  # a value read back to Python
     # Operators whose outputs may take their shapes from values: FakeTensorMode caches none.
     value_shaped = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
     PRIM_DEVICE = torch.ops.prim.device.default  # a third of a decoder trace's calls
@@ -1150,6 +1162,13 @@ def make_recorder(torch):
             facts = self.operators.get(func) or self.facts(func)
             if not facts.prim:  # prim.device is asked inside other operators' calls
                 self.poll()
+            if (
+                func is SCALAR
+                and self.tracer.trace.checks_passing
+                and not self.tracer.real
+                and args[0].dtype == torch.bool
+            ):
+                return False  # a value check, passed (make_choice_notes' `checked`)
             if func is PACK and not self.tracer.real:
                 if not packed_sequences.has_values(torch, args[1]):
                     raise TraceStopped(packed_sequences.NO_VALUES)
