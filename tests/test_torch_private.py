@@ -769,13 +769,10 @@ def test_never_cached_makes_the_fake_mode_compute_each_call_anew_on_that_mode_on
         assert FakeTensorMode.cache_hits == hits + 1
 
 
-def test_the_pack_operator_is_what_pack_padded_sequence_calls_and_fake_tensors_refuse():
-    """Why the trace packs for itself (packed_sequences.py): the operator reads its lengths'
-    values, which fake tensors do not have."""
-    from torch.nn.utils.rnn import pack_padded_sequence
+def operators_called(run) -> list:
+    """The operators `run()` dispatches, in order, on real tensors."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    op = tpv.pack_padded_operator(torch)
     seen = []
 
     class Seen(TorchDispatchMode):
@@ -784,26 +781,24 @@ def test_the_pack_operator_is_what_pack_padded_sequence_calls_and_fake_tensors_r
             return func(*args, **(kwargs or {}))
 
     with Seen():
-        pack_padded_sequence(torch.randn(3, 2, 4), [3, 2])
-    assert op in seen
+        run()
+    return seen
+
+
+def test_the_pack_operator_is_what_pack_padded_sequence_calls_and_fake_tensors_refuse():
+    """Why the trace packs for itself (packed_sequences.py): the operator reads its lengths'
+    values, which fake tensors do not have."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    op = tpv.pack_padded_operator(torch)
+    assert op in operators_called(lambda: pack_padded_sequence(torch.randn(3, 2, 4), [3, 2]))
     with tpv.FakeTensorMode(), pytest.raises(tpv.fake_tensor_limits()):
         op(torch.empty(3, 2, 4), torch.tensor([3, 2]), False)
 
 
 def test_the_local_scalar_operator_is_what_bool_of_a_tensor_calls_and_fake_tensors_refuse():
     """Why a value check needs the trace's answer (make_choice_notes' `checked`)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     op = tpv.local_scalar_operator(torch)
-    seen = []
-
-    class Seen(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-
-    with Seen():
-        bool(torch.any(torch.randn(3) < 0))
-    assert op in seen
+    assert op in operators_called(lambda: bool(torch.any(torch.randn(3) < 0)))
     with tpv.FakeTensorMode(), pytest.raises(tpv.fake_tensor_limits()):
         bool(torch.any(torch.empty(3) < 0))
