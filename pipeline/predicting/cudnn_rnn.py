@@ -54,6 +54,7 @@ of their workspace.
 from __future__ import annotations
 
 from pipeline.core import torch_private
+from pipeline.predicting import packed_sequences
 
 # cudnnRNNMode_t, as PyTorch passes it to _cudnn_rnn
 RNN_RELU, RNN_TANH, LSTM, GRU = 0, 1, 2, 3
@@ -87,9 +88,9 @@ HELD_STATE = "cuDNN dropout state"
 PACKED_CALLS = "recurrent layers on packed sequences"
 PACKED_UNBOUNDED = "cuDNN's workspace in calls on packed sequences was never probed"
 PACKED_WHY = (
-    "cuDNN's workspace in calls on packed sequences was never probed, and its blocks move "
-    "the reserved peak past the bound of unpacked calls (an LSTM language model measured on "
-    "an H100: 23 MB above that bound): approximate, without bounds"
+    f"{PACKED_UNBOUNDED}, and its blocks move the reserved peak past the bound of unpacked "
+    "calls (an LSTM language model measured on an H100: 23 MB above that bound): "
+    "approximate, without bounds"
 )
 
 
@@ -176,7 +177,7 @@ def rnn_as_on_gpu(torch, func, args, kwargs, held: dict, gpu_name: str | None):
         x, hidden, params, has_biases, layers, dropout, train, bidirectional, batch_first = args
     else:  # a packed sequence: (data, batch_sizes, hx, params, ...), its batch sizes real
         x, sizes, hidden, params, has_biases, layers, dropout, train, bidirectional = args
-        if type(sizes) is not torch.Tensor or sizes.device.type != "cpu" or x.dim() != 2:
+        if not packed_sequences.has_values(torch, sizes) or x.dim() != 2:
             return None  # batch sizes without values (a fake tensor): not followed
         batch_sizes, batch_first = sizes.tolist(), False
     hx, cx = (hidden[0], hidden[1]) if mode == LSTM else (hidden, None)

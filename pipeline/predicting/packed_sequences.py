@@ -23,7 +23,8 @@ NO_VALUES = (
 
 
 def has_values(torch, lengths) -> bool:
-    """Whether the trace knows the lengths' values: a real CPU tensor, not a fake one."""
+    """Whether the trace knows the values of the lengths (or the batch sizes made from
+    them): a real CPU tensor, not a fake one."""
     return type(lengths) is torch.Tensor and lengths.device.type == "cpu"
 
 

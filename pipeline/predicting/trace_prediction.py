@@ -1053,6 +1053,7 @@ def make_recorder(torch):
     RNN = torch_private.cudnn_rnn_operators(torch)[0]  # seeded (dropout); cudnn_rnn's fake kernel
     PACK = torch_private.pack_padded_operator(torch)  # packed_sequences: the lengths read
     SCALAR = torch_private.local_scalar_operator(torch)  # a value read back to Python
+    BOOL = torch.bool
     # Operators whose outputs may take their shapes from values: FakeTensorMode caches none.
     value_shaped = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
     PRIM_DEVICE = torch.ops.prim.device.default  # a third of a decoder trace's calls
@@ -1162,19 +1163,14 @@ def make_recorder(torch):
             facts = self.operators.get(func) or self.facts(func)
             if not facts.prim:  # prim.device is asked inside other operators' calls
                 self.poll()
-            if (
-                func is SCALAR
-                and self.tracer.trace.checks_passing
-                and not self.tracer.real
-                and args[0].dtype == torch.bool
-            ):
-                return False  # a value check, passed (make_choice_notes' `checked`)
-            if func is PACK and not self.tracer.real:
-                if not packed_sequences.has_values(torch, args[1]):
-                    raise TraceStopped(packed_sequences.NO_VALUES)
-                with self:
-                    return packed_sequences.pack(torch, *args, **kwargs)
             if not self.tracer.real:
+                if func is SCALAR and self.tracer.trace.checks_passing and args[0].dtype == BOOL:
+                    return False  # a value check, passed (make_choice_notes' `checked`)
+                if func is PACK:
+                    if not packed_sequences.has_values(torch, args[1]):
+                        raise TraceStopped(packed_sequences.NO_VALUES)
+                    with self:
+                        return packed_sequences.pack(torch, *args, **kwargs)
                 if self.on_host(args, kwargs):
                     with torch_private.unset_fake_temporarily():
                         return func(*args, **kwargs)
