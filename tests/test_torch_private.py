@@ -796,6 +796,19 @@ def test_the_pack_operator_is_what_pack_padded_sequence_calls_and_fake_tensors_r
         op(torch.empty(3, 2, 4), torch.tensor([3, 2]), False)
 
 
+@pytest.mark.parametrize(("name", "number"), [("none", 0), ("mean", 1), ("sum", 2)])
+def test_a_reductions_number_is_what_f_ctc_loss_passes_to_the_operator(name, number):
+    """torch.ctc_loss takes the number; the same loss by either way in (ctc_loss.py)."""
+    assert tpv.reduction_number(torch, name) == number
+    log_probs = torch.randn(6, 2, 5).log_softmax(2)
+    call = (log_probs, torch.randint(1, 5, (2, 3)), [6, 5], [3, 2])
+    assert torch.equal(
+        torch.nn.functional.ctc_loss(*call, reduction=name), torch.ctc_loss(*call, 0, number)
+    )
+    with pytest.raises(ValueError, match="avg is not a valid value for reduction"):
+        tpv.reduction_number(torch, "avg")
+
+
 def test_the_local_scalar_operator_is_what_bool_of_a_tensor_calls_and_fake_tensors_refuse():
     """Why a value check needs the trace's answer (make_choice_notes' `checked`)."""
     op = tpv.local_scalar_operator(torch)

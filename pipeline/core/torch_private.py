@@ -392,6 +392,12 @@ def local_scalar_operator(torch):
     return torch.ops.aten._local_scalar_dense.default
 
 
+def reduction_number(torch, reduction: str) -> int:
+    """A loss's reduction by name ("none", "mean", "sum") as the ATen operator takes it:
+    what F.ctc_loss passes to torch.ctc_loss, with its warnings and its refusal."""
+    return torch.nn._reduction.get_enum(reduction)
+
+
 def fused_cell_operators(torch) -> dict:
     """The operators a GPU's LSTMCell and GRUCell call (RNN.cpp's CUDA branch), and the GRU
     backward autograd records, which has no meta kernel (fused_cells.py): by name."""

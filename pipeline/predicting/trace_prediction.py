@@ -45,6 +45,7 @@ import weakref
 
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
 from pipeline.predicting import (
+    ctc_loss,
     cudnn_rnn,
     fast_paths,
     fused_cells,
@@ -91,6 +92,7 @@ _ATEN_OUTPUT_ONLY = (
     "_log_softmax_backward_data", "native_layer_norm",
     "constant_pad_nd",  # empty, fill_, copy_ into a narrowed view (or a clone): 189 H200 probes
     "rsqrt_", "pow_", "square", "square_",  # in place, or pow(x, 2): element-wise, as pow is
+    "exp_", "log_",  # in place, element-wise as exp and log are (the CTC loss's backward)
     "set_",  # a tensor made a view of another's storage (flatten_parameters): nothing made
 )
 _FOREACH_OUTPUT_ONLY = (
@@ -657,8 +659,10 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
         torch.nn.functional.batch_norm: F_BATCH_NORM_PARAMETERS,
         torch.batch_norm: BATCH_NORM_PARAMETERS,
     }
+    # The CTC loss, its blocks sized by the lengths' values: as a GPU runs it (ctc_loss.py).
+    ctc = {torch.nn.functional.ctc_loss, torch.ctc_loss}
     # Every function the branches below look at: any other runs as it comes, at once.
-    special = {sdpa, *functions, *from_data, *recurrent, *dropouts, *batch_norms}
+    special = {sdpa, *functions, *from_data, *recurrent, *dropouts, *batch_norms, *ctc}
     # Python functions that hand themselves to the modes first (handle_torch_function) and
     # call functions of `special`: run, a mode's handler calls them with the mode off, so
     # that what they call would not be seen (nn.MultiheadAttention's general path and its
@@ -685,6 +689,11 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
                 return func(*args, **kwargs)
             if func is sdpa and target is not None:
                 return sdpa_as_on_gpu(torch, trace, target, func, args, kwargs)
+            if func in ctc:
+                loss, why = ctc_loss.ctc_loss_as_on_gpu(torch, func, args, kwargs)
+                if why is not None:
+                    raise TraceStopped(why)
+                return loss
             if func in recurrent and target is not None and target.cudnn() is not None:
                 routed = cudnn_rnn.rnn_as_on_gpu(torch, func, args, kwargs, held, target.name)
                 if routed is not None:
