@@ -174,8 +174,9 @@ def test_a_small_problem_takes_one_kernel_for_the_gradient():
         ("alloc", 512),  # the loss per sequence
         ("free", [512] * 3),
         *[("alloc", 512)] * 3,  # zero_infinity: a zero, the test for inf, the `where`
+        ("free", [512]),  # the zero, a temporary of the statement (the test is saved)
         ("alloc", 512),  # the sum
-        ("free", [512, 512]),
+        ("free", [512]),
         *[("alloc", 512)] * 3,  # backward: the seed, a zero, the `where`'s gradient
         ("free", [512, 512]),
         *[("alloc", 512)] * 3,  # the kernel's three copies again

@@ -240,8 +240,6 @@ def test_amax_accumulates_in_its_own_dtype():
 @pytest.mark.parametrize(
     ("op", "shape", "stride", "dtype", "dims", "out_dtype"),
     [
-        ("aten.sum.dim_IntList", (64, 64), (64, 1), "int32", [0], None),  # cast to int64 first
-        ("aten.sum.dim_IntList", (64, 64), (64, 1), "float32", [0], "float64"),  # cast first
         ("aten.mean.dim", (64, 64), (64, 1), "int64", [0], None),  # an error in PyTorch
         ("aten.sum.dim_IntList", (2**16, 2**15 + 1), (2**15 + 1, 1), "float32", [0], None),
         ("aten.argmax.default", (64, 64), (1, 64), "float32", None, None),  # reshape copies
@@ -252,6 +250,38 @@ def test_amax_accumulates_in_its_own_dtype():
 )
 def test_outside_the_port(op, shape, stride, dtype, dims, out_dtype):
     assert rs.reduction_template(op, shape, stride, dtype, dims, False, out_dtype) is None
+
+
+@pytest.mark.parametrize(
+    ("dtype", "out_dtype", "copy"),
+    [
+        ("int32", None, 64 * 64 * 8),
+        ("bool", None, 64 * 64 * 8),
+        ("float32", "float64", 64 * 64 * 8),
+    ],
+)
+def test_an_input_cast_first_is_copied_after_the_output_and_freed_on_return(dtype, out_dtype, copy):
+    """sum_out: the output, then make_reduction_from_out_ty's `self.to(in_dtype)` (an
+    integer or bool input summed as int64; a dtype asked for), freed when it returns."""
+    got = rs.reduction_template("aten.sum.dim_IntList", (64, 64), (64, 1), dtype, [0], False,
+                                out_dtype)  # fmt: skip
+    assert got == [
+        {"kind": "output", "index": 0, "bytes": 64 * 8},
+        {"kind": "internal", "id": 2, "bytes": copy},
+        {"kind": "free", "id": 2},
+    ]
+
+
+def test_a_cast_copy_that_reduces_across_blocks_keeps_its_scratch_inside_the_copys_life():
+    """A bool mask of 2**20 values summed whole: the copy (8 MiB of int64), then the
+    kernel's staging buffer and semaphores on that copy, freed before it."""
+    got = rs.reduction_template("aten.sum.default", (1024, 1024), (1, 1024), "bool")
+    steps = [(step["kind"], step.get("id")) for step in got]
+    assert steps == [("output", None), ("internal", 2), ("internal", 0), ("internal", 1),
+                     ("free", 1), ("free", 0), ("free", 2)]  # fmt: skip
+    assert got[1]["bytes"] == 2**20 * 8
+    as_int64 = rs.reduction_template("aten.sum.default", (1024, 1024), (1, 1024), "int64")
+    assert got[2:4] == as_int64[1:3]
 
 
 def test_low_precision_summed_into_float32_stays_one_kernel():
@@ -410,9 +440,11 @@ def test_random_calls_against_the_gpu():
     for _ in range(1000):
         op = rng.choice(COVERED)
         family = rs.OPERATORS[op][0]
-        dtype = rng.choice(["float32", "bfloat16", "float16", "int64"])
-        if family == "mean" and dtype == "int64":
+        dtype = rng.choice(["float32", "bfloat16", "float16", "int64", "int32", "bool"])
+        if family == "mean" and dtype in ("int64", "int32", "bool"):
             continue
+        if family != "sum" and dtype in ("int32", "bool"):
+            continue  # cast first: sums only (make_reduction_from_out_ty)
         ndim = rng.randint(1, 4)
         shape = [rng.choice(sizes) for _ in range(ndim)]
         while math.prod(shape) > 2**27:
@@ -436,6 +468,8 @@ def test_random_calls_against_the_gpu():
             dims = sorted(rng.sample(range(ndim), rng.randint(0, ndim)))
         if family in ("sum", "mean") and dtype in rs.LOW_PRECISION and rng.random() < 0.3:
             out_dtype = "float32"
+        if family in ("sum", "mean") and dtype == "float32" and rng.random() < 0.2:
+            out_dtype = "float64"  # cast first
         kwargs = {"dtype": getattr(torch, out_dtype)} if out_dtype else {}
         _, name, overload = op.split(".")
         function = getattr(getattr(torch.ops.aten, name), overload)

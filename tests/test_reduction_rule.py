@@ -74,3 +74,19 @@ def test_16_bit_sums_and_means_asked_for_float32_are_reduced_uncast(name, reduce
     assert not tp.output_only(traced(name, lambda: reduce(x, torch.float64)))
     wide = torch.empty(8, 1024, device="meta", dtype=torch.float32)
     assert not tp.output_only(traced(name, lambda: reduce(wide, torch.float64)))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "trusted"),
+    [(torch.bool, False), (torch.int32, False), (torch.uint8, False), (torch.int64, True)],
+    ids=str,
+)
+def test_a_small_integer_or_bool_sum_is_copied_as_int64_first(dtype, trusted):
+    """`mask.sum()` of 64 values: sum_out casts an integer or bool input to the int64 result
+    (make_reduction_from_out_ty), a copy an H100's allocator history showed inside the call
+    (cross_entropy's label smoothing counts its targets so)."""
+
+    def make():
+        return torch.zeros(64, device="meta", dtype=dtype).sum()
+
+    assert tp.output_only(traced("aten.sum.default", make)) is trusted

@@ -5,6 +5,8 @@ calibration."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from pipeline.predicting import attention_choice as ac
@@ -478,3 +480,42 @@ def test_cudnn_takes_batch_norm_as_pytorchs_backend_choice_says(change, takes):
         assert tp.cudnn_takes_batch_norm(
             torch, x, *affine, mean, var, case["training"], case["eps"]
         ) is takes  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("autocast", "noted"),
+    [
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16), True),
+        (lambda: torch.autocast(device_type="cuda", dtype=torch.float16), True),
+        (lambda: torch.autocast("cuda", enabled=False), False),
+        (lambda: torch.autocast("cpu", dtype=torch.bfloat16), False),  # CPU tensors only
+    ],
+    ids=["cuda-bf16", "cuda-fp16-keyword", "disabled", "cpu"],
+)
+def test_cuda_autocast_traced_without_a_gpu_claims_nothing_and_says_why(autocast, noted):
+    """On the meta device PyTorch makes none of CUDA autocast's casts (and disables it
+    without a GPU): an H100 runs the same linear layers in bfloat16. No figure is claimed."""
+    from pipeline.predicting import gpu_calibration
+
+    def drive(phase):
+        def step():
+            model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 10))
+            model = model.to("meta")
+            with autocast():
+                out = model(torch.randn(64, 256, device="meta"))
+            out.float().pow(2).mean().backward()
+            return model
+
+        phase("step", step)
+
+    with pytest.warns() if noted else contextlib.nullcontext():
+        trace = tp.run_trace(torch, "meta", drive, target=ac.H200)
+    calibration, _ = gpu_calibration.load("h200")
+    prediction = tp.predict(trace, calibration)
+    if noted:
+        assert trace.notes == {tp.AUTOCAST: tp.AUTOCAST_WHY}
+        assert prediction.status == PredictionStatus.APPROXIMATE
+        assert prediction.bounds is None
+    else:
+        assert tp.AUTOCAST not in trace.notes
+        assert prediction.status == PredictionStatus.EXACT

@@ -135,9 +135,10 @@ def ctc_loss_as_on_gpu(torch, func, args, kwargs):
     loss, _ = native_function(torch).apply(
         log_probs, targets, tuple(inputs), tuple(target_lengths), blank, zero_infinity
     )
-    if zero_infinity:
+    if zero_infinity:  # the zero and the test are temporaries of the statement: freed at once
         zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
         loss = torch.where(loss == math.inf, zero, loss)
+        del zero
     if reduction == MEAN:
         lengths = torch.tensor(target_lengths, dtype=loss.dtype, device="cpu")
         return (loss / lengths.to(loss.device).clamp_min(1)).mean(), None

@@ -15,10 +15,13 @@ tagged 2.11.0. The one difference seen between copies (16-bit sums and means loa
 once, or 4) cannot change the scratch (tests/test_reduce_scratch.py shows why), and the
 port matches every H200 probe and random calls run on an H200 under torch 2.11.0+cu130.
 
-Out of the port's domain (None, never a guess): inputs that `make_reduction` first casts
-(`self.to(in_dtype)`, a copy), iterators past 32-bit indexing (`with_32bit_indexing` splits
-them and may take an accumulation buffer, `acc_buf`), empty tensors, complex dtypes, and
-`argmax`/`argmin` over all dimensions of a tensor that `reshape(-1)` must copy.
+An input that `make_reduction_from_out_ty` first casts to the result's dtype (an integer or
+bool tensor summed as int64, a dtype asked for; `self.to(in_dtype)`) is a copy of it, made
+after the output and freed when the operator returns, the kernel's scratch then sized by
+the copy. Out of the port's domain (None, never a guess): iterators past 32-bit indexing
+(`with_32bit_indexing` splits them and may take an accumulation buffer, `acc_buf`), empty
+tensors, complex dtypes, and `argmax`/`argmin` over all dimensions of a tensor that
+`reshape(-1)` must copy.
 
 Standard library only.
 """
@@ -129,9 +132,8 @@ def kernel_for(family: str, dtype: str, out_dtype: str | None) -> Kernel | None:
         out = out_dtype or ("int64" if integral else dtype)
         if out not in ELEMENT_SIZE or (family == "mean" and out not in FLOATING):
             return None
-        lowp_to_f32 = dtype in LOW_PRECISION and out == "float32"
-        if not lowp_to_f32 and dtype != out:
-            return None  # make_reduction: self.to(in_dtype), an extra tensor
+        if cast_to(family, dtype, out_dtype) is not None:
+            return None  # make_reduction: self.to(in_dtype), an extra tensor (reduction_config)
         accumulates_in_float = dtype in LOW_PRECISION
         arg_size = 4 if accumulates_in_float else ELEMENT_SIZE[dtype]
         vec = 8 if ELEMENT_SIZE[dtype] == 2 else 4
@@ -145,6 +147,33 @@ def kernel_for(family: str, dtype: str, out_dtype: str | None) -> Kernel | None:
             return None
         return Kernel(scalar=dtype, arg_size=16, out_dtype="int64")
     return None
+
+
+def cast_to(family: str, dtype: str, out_dtype: str | None) -> str | None:
+    """The dtype `make_reduction_from_out_ty` (ReduceOpsUtils.h) casts a sum's or mean's input
+    to first, or None where it reduces the input itself: the result's dtype (int64 for an
+    integer or bool input summed, or the dtype asked for), unless they agree or a float16 or
+    bfloat16 input gives a float32 result on CUDA (`gpu_lowp_to_f32`)."""
+    if family not in ("sum", "mean") or dtype not in ELEMENT_SIZE:
+        return None
+    out = out_dtype or ("int64" if dtype not in FLOATING else dtype)
+    if out == dtype or (dtype in LOW_PRECISION and out == "float32"):
+        return None
+    return out
+
+
+def non_overlapping_and_dense(shape, stride) -> bool:
+    """TensorImpl's is_non_overlapping_and_dense: some order of the dimensions is contiguous
+    (size-1 dimensions aside), so that `to(dtype)` keeps the strides."""
+    expected = 1
+    for size, step in sorted(
+        ((size, step) for size, step in zip(shape, stride, strict=True) if size != 1),
+        key=lambda pair: pair[1],
+    ):
+        if step != expected:
+            return False
+        expected *= size
+    return True
 
 
 # --- The iterator (TensorIterator.cpp) ----------------------------------------------------
@@ -485,6 +514,11 @@ def reduction_config(
     if op not in OPERATORS or len(shape) != len(stride):
         return None
     family = OPERATORS[op][0]
+    cast = cast_to(family, dtype, out_dtype)
+    if cast is not None:  # the kernel reduces the copy: fresh, its strides kept where dense
+        if not non_overlapping_and_dense(shape, stride):
+            stride = tuple(contiguous_strides(shape))
+        dtype, offset = cast, 0
     kernel = kernel_for(family, dtype, out_dtype)
     if kernel is None or math.prod(shape) == 0 or any(s < 0 for s in stride):
         return None
@@ -514,19 +548,34 @@ def reduction_config(
     return set_reduce_config(it, kernel, offset, device), out_bytes
 
 
-def reduction_template(*call, **options) -> list[dict] | None:
+def reduction_template(
+    op: str,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    dtype: str,
+    dims: list[int] | int | None = None,
+    keepdim: bool = False,
+    out_dtype: str | None = None,
+    offset: int = 0,
+    device: Device = H200,
+) -> list[dict] | None:
     """The allocator template of one reduction call on `device`, in the calibration's format:
-    the output, then (when the kernel reduces across blocks) the staging buffer and the
-    semaphores, freed semaphores first; None outside what the port covers.
+    the output, then the input's copy where it is cast first (`cast_to`), then (when the
+    kernel reduces across blocks) the staging buffer and the semaphores, freed semaphores
+    first, the copy last; None outside what the port covers.
 
     The arguments are reduction_config's: `shape`, `stride` and `offset` (elements) describe
     the input; `dims` the dimension argument as passed (None or [] for all of them);
     `out_dtype` the call's dtype argument."""
-    found = reduction_config(*call, **options)
+    found = reduction_config(op, shape, stride, dtype, dims, keepdim, out_dtype, offset, device)
     if found is None:
         return None
     config, out_bytes = found
     template = [{"kind": "output", "index": 0, "bytes": out_bytes}]
+    cast = cast_to(OPERATORS[op][0], dtype, out_dtype)
+    if cast is not None:
+        copy = math.prod(shape) * ELEMENT_SIZE[cast]
+        template.append({"kind": "internal", "id": 2, "bytes": copy})
     if config is not None and config.should_global_reduce():
         template += [
             {"kind": "internal", "id": 0, "bytes": config.global_memory_size()},
@@ -534,6 +583,8 @@ def reduction_template(*call, **options) -> list[dict] | None:
             {"kind": "free", "id": 1},
             {"kind": "free", "id": 0},
         ]
+    if cast is not None:
+        template.append({"kind": "free", "id": 2})
     return template
 
 

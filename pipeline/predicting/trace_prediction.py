@@ -46,6 +46,7 @@ import weakref
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
 from pipeline.predicting import (
     ctc_loss,
+    cublas_operands,
     cudnn_rnn,
     fast_paths,
     fused_cells,
@@ -162,6 +163,9 @@ def reduction_without_scratch(signature) -> bool:
     )
     if requested is not None and requested != ("dtype", dtype) and not uncast:
         return False  # converted to another dtype first: a copy the trace may not show
+    family = reduce_scratch.OPERATORS.get(signature.name, ("",))[0]
+    if requested is None and reduce_scratch.cast_to(family, dtype, None) is not None:
+        return False  # an integer or bool input summed as int64: copied first (its template)
     if nbytes >= 2**31:
         return False
     rank = len(shape)
@@ -388,6 +392,12 @@ IN_PLACE_IN_A_REAL_RUN = {
     f"{BACKWARD}ProdBackward1::apply": {"aten.cumprod.default": "other"},
 }
 FAST_PATH = fast_paths.NOTE
+AUTOCAST = "autocast (CUDA mixed precision)"
+AUTOCAST_WHY = (
+    "traced on the meta device (no GPU), where CUDA autocast makes none of its casts: the "
+    "operators' dtypes and blocks are not the GPU's (measure traces beside the GPU, which "
+    "makes them)"
+)
 OTHER_WAY = (
     "a real run takes another way here than the trace, with sizes that depend on the "
     "tensors' values"
@@ -523,6 +533,8 @@ class Tracer:
                 self._patch_swap()
                 self._patch_deepcopy()
                 self._patch_fast_paths()
+                if self.trace.device == "meta":
+                    self._patch_autocast()
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
                 self._undo.append(fused_cells.add_fake_kernels(self.torch))
                 self._undo.append(loss_outputs.add_fake_kernels(self.torch, self.fake))
@@ -550,6 +562,24 @@ class Tracer:
         self.recorder.poll()  # what died inside the operation, before the end values
         self.trace.events.append(("end",))
         return row, result
+
+    def _patch_autocast(self) -> None:
+        """CUDA autocast (`torch.autocast("cuda", ...)`, mixed precision) casts a CUDA
+        tensor's arguments per operator by its dispatch key, which a meta tensor does not
+        have (and without a GPU PyTorch disables it): on the meta device no cast is made.
+        Asking for it is noted (AUTOCAST): the prediction is approximate, with no bounds,
+        and says why."""
+        autocast = self.torch.amp.autocast_mode.autocast
+        original, notes = autocast.__init__, self.trace.notes
+
+        def init(context, device_type, *args, **kwargs):
+            enabled = kwargs.get("enabled", args[1] if len(args) > 1 else True)
+            if device_type == "cuda" and enabled:  # asked for: without a GPU it is disabled
+                notes.setdefault(AUTOCAST, AUTOCAST_WHY)
+            original(context, device_type, *args, **kwargs)
+
+        autocast.__init__ = init
+        self._undo.append(lambda: setattr(autocast, "__init__", original))
 
     def _patch_optimizers(self) -> None:
         """torch.optim picks its foreach kernels for plain tensors on a GPU only: let fake
@@ -661,8 +691,20 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     }
     # The CTC loss, its blocks sized by the lengths' values: as a GPU runs it (ctc_loss.py).
     ctc = {torch.nn.functional.ctc_loss, torch.ctc_loss}
+    # Calls whose C++ takes another way under a dispatch mode (isTensorSubclassLike) than in
+    # a real run, which selects elements by a mask's values (`masked_select`): noted.
+    other_ways = {
+        torch.Tensor.masked_fill: masked_fill_selects,
+        torch.Tensor.masked_fill_: masked_fill_selects,
+        torch.masked_fill: masked_fill_selects,
+        torch.nn.functional.cross_entropy: cross_entropy_selects,
+    }
+    # `x[index] = number`: for a CUDA tensor PyTorch makes the number a CPU scalar and fills
+    # (valueToTensor, python_variable_indexing.cpp); for a meta one, a block on the device.
+    setitem = torch.Tensor.__setitem__
     # Every function the branches below look at: any other runs as it comes, at once.
-    special = {sdpa, *functions, *from_data, *recurrent, *dropouts, *batch_norms, *ctc}
+    special = {sdpa, setitem, *functions, *from_data, *recurrent, *dropouts, *batch_norms, *ctc,
+               *other_ways}  # fmt: skip
     # Python functions that hand themselves to the modes first (handle_torch_function) and
     # call functions of `special`: run, a mode's handler calls them with the mode off, so
     # that what they call would not be seen (nn.MultiheadAttention's general path and its
@@ -694,6 +736,11 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
                 if why is not None:
                     raise TraceStopped(why)
                 return loss
+            if func in other_ways:
+                noted = other_ways[func](torch, args, kwargs)
+                if noted is not None:
+                    trace.notes.setdefault(noted, OTHER_WAY)
+                return func(*args, **kwargs)
             if func in recurrent and target is not None and target.cudnn() is not None:
                 routed = cudnn_rnn.rnn_as_on_gpu(torch, func, args, kwargs, held, target.name)
                 if routed is not None:
@@ -702,6 +749,9 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
                     return routed
             if not meta:
                 return func(*args, **kwargs)
+            if func is setitem and len(args) == 3 and type(args[2]) in (bool, int, float):
+                number = torch.tensor(args[2], dtype=args[0].dtype)  # on the CPU, as for CUDA
+                return func(args[0], args[1], number)
             if func in cells and target is not None and args and args[0].dim() == 2:
                 return fused_cells.cell_as_on_gpu(torch, func, args, kwargs)
             if func in dropouts:
@@ -726,6 +776,35 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
             return func(*args, **kwargs)
 
     return ChoiceNotes
+
+
+def masked_fill_selects(torch, args, kwargs) -> str | None:
+    """masked_fill with a tensor value that needs a gradient: a real run's backward sums the
+    value's gradient over `grad.masked_select(mask)`, as many elements as the mask holds
+    True; under a dispatch mode, over `where(mask, grad, 0)` (masked_fill_backward)."""
+    value = kwargs.get("value", args[2] if len(args) > 2 else None)
+    if isinstance(value, torch.Tensor) and value.requires_grad and torch.is_grad_enabled():
+        return "masked_fill's backward (a tensor value that needs a gradient)"
+    return None
+
+
+def cross_entropy_selects(torch, args, kwargs) -> str | None:
+    """cross_entropy with label smoothing, class weights and the mean over class indices: a
+    real run divides by the weights of `target.masked_select(~ignore_mask)`, as many as the
+    targets not ignored; under a dispatch mode it gathers them all and masks them
+    (cross_entropy_loss_label_smoothing, LossNLL.cpp)."""
+    call = {**dict(zip(("input", "target", "weight"), args, strict=False)), **kwargs}
+    target, weight = call.get("target"), call.get("weight")
+    legacy = call.get("size_average") is not None or call.get("reduce") is not None
+    if (
+        call.get("label_smoothing", 0.0) > 0
+        and weight is not None
+        and (legacy or call.get("reduction", "mean") == "mean")
+        and isinstance(target, torch.Tensor)
+        and not target.dtype.is_floating_point
+    ):
+        return "cross_entropy (label smoothing, class weights, the mean)"
+    return None
 
 
 def with_mode_inside(mode, func, args, kwargs):
@@ -1059,6 +1138,11 @@ def make_recorder(torch):
     FakeTensor = torch_private.FakeTensor
     aten = torch.ops.aten
     POINTWISE_OUT = {aten.mul.out, aten.add.out, aten.sub.out}
+    # The fake mode runs PyTorch's Python decomposition of log_softmax's backward, whose
+    # result keeps the gradient's strides; the kernels' own meta function
+    # (TORCH_META_FUNC(_log_softmax_backward_data), SoftMax.cpp) makes it contiguous, and an
+    # H100 showed it so (no copy where the gradient meets a contiguous leaf).
+    CONTIGUOUS_OUTPUT = {aten._log_softmax_backward_data.default}
     RNN = torch_private.cudnn_rnn_operators(torch)[0]  # seeded (dropout); cudnn_rnn's fake kernel
     PACK = torch_private.pack_padded_operator(torch)  # packed_sequences: the lengths read
     SCALAR = torch_private.local_scalar_operator(torch)  # a value read back to Python
@@ -1216,6 +1300,8 @@ def make_recorder(torch):
                     raise
                 out = func(*made[0], **made[1])
             torch_private.forget_converted_tensors(self.tracer.fake)
+            if func in CONTIGUOUS_OUTPUT and not out.is_contiguous():
+                out = out.new_empty(out.shape)  # the fake mode's, not recorded: the kernel's
             return out
 
         def in_place(self, func, args, kwargs, facts: OperatorFacts):
@@ -1823,7 +1909,7 @@ class Calibration:
         if FLOAT16.search(form) is None or self.patterns.get(form) is not None:
             return None
         bf16, fp32 = (self.patterns.get(FLOAT16.sub(dtype, form)) for dtype in DONORS)
-        return bf16 if bf16 is not None and bf16 == fp32 else None
+        return self.with_operand_copies(call, bf16) if bf16 is not None and bf16 == fp32 else None
 
     def reduction(self, call: Signature | None) -> list | None:
         """A call's blocks by PyTorch's own code, on this GPU: a reduction by its kernel's
@@ -1863,9 +1949,23 @@ class Calibration:
                 for kind, index, *rest in steps]  # fmt: skip
 
     def pattern(self, call: Signature | None) -> list | None:
+        """A matrix product's pattern, with the copies of operands cuBLAS cannot read where
+        they lie (cublas_operands); None where those are not known."""
         if call is None or not self.patterns:
             return None
-        return self.patterns.get(call_keys.form(call.name, call.leaves))
+        found = self.patterns.get(call_keys.form(call.name, call.leaves))
+        return self.with_operand_copies(call, found)
+
+    def with_operand_copies(self, call: Signature, found: list | None) -> list | None:
+        if found is None:
+            return None
+        if call.spec is not None and call.func is not None:
+            arguments = call_arguments(call)
+        else:  # a signature without its call's structure: the leaves in the schema's order
+            names = cublas_operands.POSITIONS.get(call.name, ())
+            arguments = dict(zip(names, call.leaves, strict=False))
+        made = cublas_operands.copies(call.name, arguments)
+        return None if made is None else cublas_operands.with_copies(found, made)
 
     def to_json(self, trace: Trace | None = None) -> dict:
         names = trace.signatures if trace is not None else {}
