@@ -1,9 +1,11 @@
-"""Three operators once trusted as output-only that the H200 showed are not, with the blocks
+"""Operators once trusted as output-only that a GPU showed are not, with the blocks
 PyTorch's source gives them (trace_prediction.by_source_template), held to every committed
 H200 probe of them: softmax's backward (`tmp = grad * output`, as large as its output),
-`scalar ** tensor` (the scalar made an 8-byte tensor on the device) and an embedding whose
-indices cannot be viewed flat (copied first). Trusted as output-only, an unprobed shape of
-any of them would have been said "exact" without the block."""
+`scalar ** tensor` (the scalar made an 8-byte tensor on the device), an embedding whose
+indices cannot be viewed flat (copied first), and softmax and log_softmax's kernels, which
+copy an input or gradient that is not contiguous (an H100 copied a transposed gradient).
+Trusted as output-only, an unprobed shape of any of them would have been said "exact"
+without the block."""
 
 from __future__ import annotations
 
@@ -159,3 +161,59 @@ def test_every_embedding_probe_is_the_source_template():
         copies += bool(steps)
     assert checked == 27
     assert copies == 35
+
+
+SOFTMAXES = (*tp.SOFTMAX, tp.LOG_SOFTMAX_BACKWARD)
+
+
+def every_probe(name: str):
+    """(leaves, the probed template) of every committed H200 probe of `name` whose file
+    recorded the call, output-only ones included."""
+    for path in PROBES:
+        document = json.loads(path.read_text())
+        leaves = {
+            key: gpu_calibration.leaves_of(entry["leaves"])
+            for key, entry in document["signatures"].items()
+        }
+        for entry in document["calibration"]["operators"]:
+            if entry["op"] == name and entry["signature"] in leaves:
+                yield leaves[entry["signature"]], [tp.template_step(s) for s in entry["template"]]
+        for key in document["calibration"]["output_only"]:
+            if key in leaves and document["signatures"][key]["name"] == name:
+                yield leaves[key], []
+
+
+def test_every_softmax_probe_takes_the_blocks_of_the_copies_rule():
+    """Every committed H200 probe of log_softmax, forward and backward, whose call its file
+    recorded (softmax's forward has none such): the rule's template."""
+    checked = dict.fromkeys(SOFTMAXES, 0)
+    for name in SOFTMAXES:
+        for leaves, steps in every_probe(name):
+            assert tp.by_source_template(name, {}, leaves) == steps, leaves
+            checked[name] += 1
+    assert checked[tp.SOFTMAX[1]] > 0
+    assert checked[tp.LOG_SOFTMAX_BACKWARD] > 0
+
+
+def test_a_transposed_gradient_is_copied_inside_log_softmaxs_backward():
+    """CTC's log-probabilities, made batch-first and transposed: their gradient reaches
+    log_softmax's backward transposed, and host_softmax_backward copies it (an H100 did)."""
+    grad = tensor("float32", (16, 400, 64), (64, 1024, 1))  # (400, 16, 64) contiguous, transposed
+    output = tensor("float32", (16, 400, 64))
+    assert tp.by_source_template(tp.LOG_SOFTMAX_BACKWARD, {}, [grad, output, -1, None]) == [
+        ("output", 0, None),
+        ("internal", 0, 16 * 400 * 64 * 4),
+        ("free", 0),
+    ]
+    assert tp.output_only(tp.Signature(tp.LOG_SOFTMAX_BACKWARD, None, [output, output, -1], None))
+
+
+def test_softmax_of_a_transposed_input_copies_it_and_its_backward_is_not_spoken_for():
+    x = tensor("bfloat16", (8, 32), (1, 8))
+    assert tp.by_source_template(tp.SOFTMAX[0], {}, [x, -1, False]) == [
+        ("output", 0, None),
+        ("internal", 0, 8 * 32 * 2),
+        ("free", 0),
+    ]
+    leaves = [x, tensor("bfloat16", (8, 32)), -1, None]
+    assert template(tp.SOFTMAX_BACKWARD, leaves) is None

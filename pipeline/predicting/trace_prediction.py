@@ -89,8 +89,7 @@ _ATEN_OUTPUT_ONLY = (
     "addcmul", "addcmul_", "addcdiv", "addcdiv_", "maximum", "minimum", "clamp", "clamp_min",
     "clamp_max", "eq", "ne", "lt", "gt", "le", "ge", "logical_not", "bitwise_not", "cos", "sin",
     "reciprocal", "abs", "sign", "erf", "tril", "triu", "cat", "stack", "index_select",
-    "embedding", "slice_backward", "select_backward", "_softmax", "_log_softmax",
-    "_log_softmax_backward_data", "native_layer_norm",
+    "embedding", "slice_backward", "select_backward", "native_layer_norm",
     "constant_pad_nd",  # empty, fill_, copy_ into a narrowed view (or a clone): 189 H200 probes
     "rsqrt_", "pow_", "square", "square_",  # in place, or pow(x, 2): element-wise, as pow is
     "exp_", "log_",  # in place, element-wise as exp and log are (the CTC loss's backward)
@@ -281,6 +280,8 @@ def cumsum_template(arguments: dict) -> list | None:
 
 
 SOFTMAX_BACKWARD = "aten._softmax_backward_data.default"
+SOFTMAX = ("aten._softmax.default", "aten._log_softmax.default")
+LOG_SOFTMAX_BACKWARD = "aten._log_softmax_backward_data.default"
 POW_SCALAR = "aten.pow.Scalar"
 EMBEDDING = "aten.embedding.default"
 SCALAR_BYTES = {float: 8, int: 8}  # wrapped_scalar_tensor: a double or an int64
@@ -301,10 +302,20 @@ def _embedding_indices_contiguous(leaves: list) -> bool:
     return call_keys.is_tensor_leaf(indices) and call_keys.contiguous(indices[2], indices[3])
 
 
+def _contiguous(*positions):
+    """Whether the call's tensors at these positions are all contiguous."""
+    return lambda leaves: all(
+        call_keys.is_tensor_leaf(leaves[i]) and call_keys.contiguous(leaves[i][2], leaves[i][3])
+        for i in positions
+    )
+
+
 # Operators whose blocks beyond their outputs PyTorch's source settles (by_source_template),
 # each with whether a call's leaves make it output-only all the same.
 BY_SOURCE = {
     SOFTMAX_BACKWARD: lambda leaves: False,
+    **dict.fromkeys(SOFTMAX, _contiguous(0)),
+    LOG_SOFTMAX_BACKWARD: _contiguous(0, 1),
     POW_SCALAR: lambda leaves: type(leaves[0]) in SCALAR_BYTES and leaves[0] == 1,
     EMBEDDING: _embedding_indices_contiguous,
 }
@@ -320,13 +331,29 @@ def by_source_template(name: str, arguments: dict, leaves: list) -> list | None:
     - embedding (Embedding.cpp) selects rows by `indices.reshape(-1)`, a copy of the indices
       before the output where they cannot be viewed flat (BERT's expanded token types): all
       its H200 probes with such indices; contiguous indices, outputs only; strided indices
-      that can be viewed flat were never probed and are not spoken for."""
+      that can be viewed flat were never probed and are not spoken for;
+    - softmax and log_softmax, forward and log_softmax's backward (SoftMax.cu, host_softmax
+      and host_softmax_backward) run on `.contiguous()` of their input, or of the gradient
+      then the output: a copy of each that is not, after the output, kept to the return (an
+      H100 copied a transposed gradient so inside log_softmax's backward)."""
     if BY_SOURCE[name](leaves):
         return []  # outputs only
+    if name in SOFTMAX or name == LOG_SOFTMAX_BACKWARD:
+        steps = [("output", 0, None)]
+        for index, leaf in enumerate(leaves[: 1 if name in SOFTMAX else 2]):
+            size = reduce_scratch.ELEMENT_SIZE.get(leaf[1])
+            if size is None:
+                return None
+            if not call_keys.contiguous(leaf[2], leaf[3]):
+                steps.append(("internal", index, size * math.prod(leaf[2])))
+        frees = [("free", step[1]) for step in reversed(steps) if step[0] == "internal"]
+        return steps + frees
     if name == SOFTMAX_BACKWARD:
         grad, output = arguments.get("grad_output"), arguments.get("output")
         if not (call_keys.is_tensor_leaf(grad) and call_keys.is_tensor_leaf(output)):
             return None
+        if not (call_keys.contiguous(*grad[2:4]) and call_keys.contiguous(*output[2:4])):
+            return None  # `tmp` and the output may be copied again: not what the probes ran
         size = reduce_scratch.ELEMENT_SIZE.get(grad[1])
         if grad[2] != output[2] or grad[1] != output[1] or size is None:
             return None  # a broadcast or a promotion: not what the probes ran
