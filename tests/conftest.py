@@ -175,3 +175,53 @@ def on_a_terminal(script: str, *args: str) -> tuple[int, str, list[str]]:
     assert pieces[0] == "", pieces[0]  # nothing but the progress line
     assert pieces[-1] == "", pieces[-1]  # the last clear
     return code, out, pieces[1:-1]
+
+
+def requests_between_frees(events) -> list:
+    """Allocator events, (action, bytes), as requests' blocks in order and, between two
+    requests, the blocks freed as one sorted group (a trace tells frees at the next
+    operator); what the end frees is left out."""
+    from pipeline.core import allocator_model
+
+    found, freed = [], []
+    for action, nbytes in events:
+        size = allocator_model.block_bytes(nbytes)
+        if action == "alloc":
+            found += [("free", sorted(freed))] if freed else []
+            found.append(("alloc", size))
+            freed = []
+        else:
+            freed.append(size)
+    return found
+
+
+def gpu_requests(function) -> list:
+    """The GPU allocator's history of `function("cuda")`, (action, bytes), after one call to
+    warm it (cuBLAS's workspaces, kept, are made once per thread)."""
+    import torch
+
+    from pipeline.core import torch_private
+
+    function("cuda")
+    torch.cuda.synchronize()
+    torch_private.record_memory_history(torch, context=None, stacks="python")
+    before = len(torch_private.memory_snapshot(torch)["device_traces"][0])
+    kept = function("cuda")
+    del kept
+    torch.cuda.synchronize()
+    events = torch_private.memory_snapshot(torch)["device_traces"][0][before:]
+    torch_private.stop_memory_history(torch)
+    wanted = ("alloc", "free_completed")
+    return [(event["action"], event["size"]) for event in events if event["action"] in wanted]
+
+
+def replayed_requests(trace) -> list:
+    """The trace replayed with the H200's calibration (its kernels' scratch and copies
+    included, the workspaces a warm GPU keeps aside), as requests_between_frees gives them."""
+    from pipeline.predicting import gpu_calibration
+    from pipeline.predicting import trace_prediction as tp
+
+    calibration, _ = gpu_calibration.load("h200")
+    log = tp.replay(trace, calibration)[1]
+    events = [(kind, nbytes) for kind, nbytes, what in log[1:] if "kept" not in what]
+    return requests_between_frees(events)

@@ -10,10 +10,11 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import gpu_requests, replayed_requests, requests_between_frees
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core import allocator_model, torch_private
+from pipeline.core import allocator_model
 from pipeline.predicting import attention_choice, ctc_loss, gpu_calibration
 from pipeline.predicting import trace_prediction as tp
 
@@ -93,20 +94,6 @@ def blocks(trace) -> list:
             freed = []
         if event[0] == "free":
             freed.append(sizes[event[1]])
-    return found + ([("free", sorted(freed))] if freed else [])
-
-
-def grouped(history: list) -> list:
-    """The GPU's history (requests' bytes) in the form of `blocks`."""
-    found, freed = [], []
-    for action, nbytes in history:
-        size = allocator_model.block_bytes(nbytes)
-        if action == "alloc":
-            found += [("free", sorted(freed))] if freed else []
-            found.append(("alloc", size))
-            freed = []
-        else:
-            freed.append(size)
     return found + ([("free", sorted(freed))] if freed else [])
 
 
@@ -321,26 +308,13 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda case: f"T{case.steps}-B{case.batch}")
-def test_the_trace_makes_the_gpus_blocks(case):
+def test_the_replay_makes_the_gpus_requests(case):
     """The allocator's history of the step on the GPU: the same requests in the same order,
-    the same blocks freed between them, as the GPU-free trace and the GPU's own fake trace."""
-    torch.cuda.synchronize()
-    torch_private.record_memory_history(torch, context=None, stacks="python")
-    before = len(torch_private.memory_snapshot(torch)["device_traces"][0])
-    leaf = ctc_step(case, "cuda")
-    del leaf
-    torch.cuda.synchronize()
-    events = torch_private.memory_snapshot(torch)["device_traces"][0][before:]
-    torch_private.stop_memory_history(torch)
-    kept = ("alloc", "free_completed")
-    history = [(event["action"], event["size"]) for event in events if event["action"] in kept]
-    expected = until_the_last_request(grouped(history))  # what the step's end frees: not it
-    assert until_the_last_request(blocks(traced(case))) == expected
-    assert until_the_last_request(blocks(traced(case, "cuda:0"))) == expected
-
-
-def until_the_last_request(found: list) -> list:
-    return found[:-1] if found and found[-1][0] == "free" else found
+    the same blocks freed between them, as the GPU-free trace's replay and the GPU's own
+    fake trace's (log_softmax's backward copies a transposed gradient inside: its template)."""
+    on_gpu = requests_between_frees(gpu_requests(lambda device: ctc_step(case, device)))
+    assert replayed_requests(traced(case)) == on_gpu
+    assert replayed_requests(traced(case, "cuda:0")) == on_gpu
 
 
 @pytest.mark.gpu

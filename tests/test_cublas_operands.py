@@ -11,8 +11,11 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import gpu_requests as history
+from conftest import replayed_requests as replayed
+from conftest import requests_between_frees as grouped
 
-from pipeline.core import allocator_model, torch_private
+from pipeline.core import torch_private
 from pipeline.predicting import attention_choice, cublas_operands, gpu_calibration
 from pipeline.predicting import trace_prediction as tp
 
@@ -139,30 +142,6 @@ def traced(name, device="meta"):
     return tp.run_trace(torch, device, drive, target=attention_choice.H200)
 
 
-def replayed(trace) -> list:
-    """The replay's requests and frees, a kernel's kept workspaces aside (a warm GPU has
-    them), in the form of `grouped`."""
-    calibration, _ = gpu_calibration.load("h200")
-    log = tp.replay(trace, calibration)[1]
-    events = [(kind, nbytes) for kind, nbytes, *what in log[1:] if "kept" not in what[0]]
-    return grouped([("alloc" if kind == "alloc" else "free", n) for kind, n in events])
-
-
-def grouped(events) -> list:
-    """Requests as blocks, in order; the blocks freed between two requests as one sorted group
-    (the trace tells frees at the next operator); what the step's end frees left out."""
-    found, freed = [], []
-    for action, nbytes in events:
-        size = allocator_model.block_bytes(nbytes)
-        if action == "alloc":
-            found += [("free", sorted(freed))] if freed else []
-            found.append(("alloc", size))
-            freed = []
-        else:
-            freed.append(size)
-    return found
-
-
 @pytest.mark.parametrize("name", [name for name in STEPS if name not in VALUE_DEPENDENT])
 def test_the_blocks_found_on_the_gpu_are_in_the_replay_and_the_prediction_is_exact(name):
     """Worked from the H100's history: each backward `mm` of `x @ w` summed copies the
@@ -207,20 +186,6 @@ def test_without_a_gradient_or_weights_the_same_calls_stay_exact():
 
 
 # ---------------------------------------------------------------- on a GPU
-
-
-def history(function) -> list:
-    function("cuda")  # warm: cuBLAS's workspaces, kept, are made once per thread
-    torch.cuda.synchronize()
-    torch_private.record_memory_history(torch, context=None, stacks="python")
-    before = len(torch_private.memory_snapshot(torch)["device_traces"][0])
-    kept = function("cuda")
-    del kept
-    torch.cuda.synchronize()
-    events = torch_private.memory_snapshot(torch)["device_traces"][0][before:]
-    torch_private.stop_memory_history(torch)
-    wanted = ("alloc", "free_completed")
-    return [(e["action"], e["size"]) for e in events if e["action"] in wanted]
 
 
 @pytest.mark.gpu
