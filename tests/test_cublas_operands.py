@@ -58,6 +58,18 @@ def test_mm_copies_mat2_then_mat1_and_the_pattern_frees_them_after_the_workspace
     ]
 
 
+def test_a_generated_sequences_last_position_folds_into_linear_by_a_view():
+    """hidden[:, -1:] of (2, 500, 4096) into the LM head: _matmul_impl folds it by a view and
+    cuBLAS reads it where it lies (Mistral-7B and Pythia generating were measured exact on the
+    H200 so); a transposed input would be copied."""
+    last = tensor((2, 1, 4096), (500 * 4096, 4096, 1))
+    weight = tensor((32000, 4096), (4096, 1))
+    assert cublas_operands.copies("aten.linear.default", {"input": last, "weight": weight}) == []
+    swapped = tensor((2, 500, 4096), (4096, 8192, 1))
+    arguments = {"input": swapped, "weight": weight}
+    assert cublas_operands.copies("aten.linear.default", arguments) is None
+
+
 def test_other_products_keep_their_pattern_only_where_no_operand_could_be_copied():
     plain = {"self": tensor((8, 64, 32), (2048, 32, 1)), "mat2": tensor((8, 32, 16), (0, 1, 32))}
     assert cublas_operands.copies("aten.bmm.default", plain) == []

@@ -20,6 +20,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from pipeline.core import call_keys
@@ -92,11 +93,26 @@ def copies(name: str, arguments: dict) -> list[int] | None:
         return made
     for key, (_, _, shape, stride, *_) in tensors.items():
         if key in ("self", "input") and name in FOLDED:
-            if not call_keys.contiguous(shape, stride):
+            if not (call_keys.contiguous(shape, stride) or folds_as_a_view(shape, stride)):
                 return None
         elif not plain(shape, stride):
             return None
     return []
+
+
+def folds_as_a_view(shape, stride) -> bool:
+    """A product's input that `_matmul_impl` folds into one matrix by a view (its leading
+    dimensions, size-1 ones aside, each stepping by the next one's extent; should_fold then
+    folds whatever the weight), and cuBLAS reads where it lies: no copy. A generated
+    sequence's last position (`hidden[:, -1:]`) is such an input."""
+    if len(shape) < 2:
+        return False
+    lead = [(size, step) for size, step in zip(shape[:-1], stride[:-1], strict=True) if size != 1]
+    if any(outer != inner * size for (_, outer), (size, inner) in itertools.pairwise(lead)):
+        return False
+    rows = math.prod(shape[:-1])
+    row_stride = lead[-1][1] if lead else max(1, shape[-1])
+    return readable((rows, shape[-1]), (row_stride, stride[-1]))
 
 
 def with_copies(template: list, made: list[int]) -> list:
