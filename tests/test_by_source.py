@@ -54,7 +54,7 @@ def probed(name: str):
             if entry["op"] == name:
                 steps = [tp.template_step(step) for step in entry["template"]]
                 yield leaves.get(entry["signature"]), steps
-        if name in (tp.POW_SCALAR, tp.EMBEDDING):  # output-only probes: leaves recorded only
+        if name != tp.SOFTMAX_BACKWARD:  # output-only probes: leaves recorded only
             for key in document["calibration"]["output_only"]:
                 if key in leaves and document["signatures"][key]["name"] == name:
                     yield leaves[key], []
@@ -163,24 +163,14 @@ def test_every_embedding_probe_is_the_source_template():
     assert copies == 35
 
 
-SOFTMAXES = (*tp.SOFTMAX, tp.LOG_SOFTMAX_BACKWARD)
+SOFTMAX, LOG_SOFTMAX, LOG_SOFTMAX_BACKWARD = tp.COPIED_FIRST
+SOFTMAXES = (SOFTMAX, LOG_SOFTMAX, LOG_SOFTMAX_BACKWARD)
 
 
 def every_probe(name: str):
     """(leaves, the probed template) of every committed H200 probe of `name` whose file
     recorded the call, output-only ones included."""
-    for path in PROBES:
-        document = json.loads(path.read_text())
-        leaves = {
-            key: gpu_calibration.leaves_of(entry["leaves"])
-            for key, entry in document["signatures"].items()
-        }
-        for entry in document["calibration"]["operators"]:
-            if entry["op"] == name and entry["signature"] in leaves:
-                yield leaves[entry["signature"]], [tp.template_step(s) for s in entry["template"]]
-        for key in document["calibration"]["output_only"]:
-            if key in leaves and document["signatures"][key]["name"] == name:
-                yield leaves[key], []
+    return ((leaves, steps) for leaves, steps in probed(name) if leaves is not None)
 
 
 def test_every_softmax_probe_takes_the_blocks_of_the_copies_rule():
@@ -191,8 +181,8 @@ def test_every_softmax_probe_takes_the_blocks_of_the_copies_rule():
         for leaves, steps in every_probe(name):
             assert tp.by_source_template(name, {}, leaves) == steps, leaves
             checked[name] += 1
-    assert checked[tp.SOFTMAX[1]] > 0
-    assert checked[tp.LOG_SOFTMAX_BACKWARD] > 0
+    assert checked[LOG_SOFTMAX] > 0
+    assert checked[LOG_SOFTMAX_BACKWARD] > 0
 
 
 def test_a_transposed_gradient_is_copied_inside_log_softmaxs_backward():
@@ -200,17 +190,17 @@ def test_a_transposed_gradient_is_copied_inside_log_softmaxs_backward():
     log_softmax's backward transposed, and host_softmax_backward copies it (an H100 did)."""
     grad = tensor("float32", (16, 400, 64), (64, 1024, 1))  # (400, 16, 64) contiguous, transposed
     output = tensor("float32", (16, 400, 64))
-    assert tp.by_source_template(tp.LOG_SOFTMAX_BACKWARD, {}, [grad, output, -1, None]) == [
+    assert tp.by_source_template(LOG_SOFTMAX_BACKWARD, {}, [grad, output, -1, None]) == [
         ("output", 0, None),
         ("internal", 0, 16 * 400 * 64 * 4),
         ("free", 0),
     ]
-    assert tp.output_only(tp.Signature(tp.LOG_SOFTMAX_BACKWARD, None, [output, output, -1], None))
+    assert tp.output_only(tp.Signature(LOG_SOFTMAX_BACKWARD, None, [output, output, -1], None))
 
 
 def test_softmax_of_a_transposed_input_copies_it_and_its_backward_is_not_spoken_for():
     x = tensor("bfloat16", (8, 32), (1, 8))
-    assert tp.by_source_template(tp.SOFTMAX[0], {}, [x, -1, False]) == [
+    assert tp.by_source_template(SOFTMAX, {}, [x, -1, False]) == [
         ("output", 0, None),
         ("internal", 0, 8 * 32 * 2),
         ("free", 0),

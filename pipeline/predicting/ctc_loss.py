@@ -65,10 +65,9 @@ def lengths_of(torch, lengths) -> list[int] | None:
     return None
 
 
-def cudnn_takes_tensors(torch, log_probs, targets, lengths, input_lengths, target_lengths,
-                        blank) -> bool:  # fmt: skip
-    """`_use_cudnn_ctc_loss` for lengths given as tensors (the Tensor overload)."""
-    inputs, targets_lengths = lengths
+def cudnn_may_take(torch, log_probs, targets, blank) -> bool:
+    """The conditions both forms of `_use_cudnn_ctc_loss` share: cuDNN on, blank 0, float32
+    log-probabilities of three dimensions, int32 targets concatenated and contiguous."""
     return (
         torch.backends.cudnn.enabled
         and blank == 0
@@ -77,6 +76,16 @@ def cudnn_takes_tensors(torch, log_probs, targets, lengths, input_lengths, targe
         and targets.dtype == torch.int32
         and targets.is_contiguous()
         and log_probs.dim() == 3
+    )
+
+
+def cudnn_takes_tensors(torch, log_probs, targets, lengths, input_lengths, target_lengths,
+                        blank) -> bool:  # fmt: skip
+    """`_use_cudnn_ctc_loss` for lengths given as tensors (the Tensor overload): int32
+    lengths, each target shorter than 256 and than its input."""
+    inputs, targets_lengths = lengths
+    return (
+        cudnn_may_take(torch, log_probs, targets, blank)
         and input_lengths.dtype == torch.int32
         and target_lengths.dtype == torch.int32
         and all(t < 256 and t <= i for t, i in zip(targets_lengths, inputs, strict=False))
@@ -84,17 +93,13 @@ def cudnn_takes_tensors(torch, log_probs, targets, lengths, input_lengths, targe
 
 
 def cudnn_takes_numbers(torch, log_probs, targets, inputs, target_lengths, blank) -> bool:
-    """`_use_cudnn_ctc_loss` for lengths given as numbers (the IntArrayRef overload)."""
+    """`_use_cudnn_ctc_loss` for lengths given as numbers (the IntArrayRef overload): the
+    targets on the CPU, every input as long as the log-probabilities, each target shorter
+    than 256 and than its input."""
     return (
-        torch.backends.cudnn.enabled
-        and blank == 0
-        and targets.dim() == 1
-        and log_probs.dtype == torch.float32
-        and targets.dtype == torch.int32
+        cudnn_may_take(torch, log_probs, targets, blank)
         and targets.device.type == "cpu"
-        and targets.is_contiguous()
         and log_probs.device.type != "cpu"
-        and log_probs.dim() == 3
         and all(length == log_probs.size(0) for length in inputs)
         and all(t < 256 and t <= i for t, i in zip(target_lengths, inputs, strict=False))
     )

@@ -29,6 +29,7 @@ Standard library only.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 
@@ -548,17 +549,7 @@ def reduction_config(
     return set_reduce_config(it, kernel, offset, device), out_bytes
 
 
-def reduction_template(
-    op: str,
-    shape: tuple[int, ...],
-    stride: tuple[int, ...],
-    dtype: str,
-    dims: list[int] | int | None = None,
-    keepdim: bool = False,
-    out_dtype: str | None = None,
-    offset: int = 0,
-    device: Device = H200,
-) -> list[dict] | None:
+def reduction_template(*call, **options) -> list[dict] | None:
     """The allocator template of one reduction call on `device`, in the calibration's format:
     the output, then the input's copy where it is cast first (`cast_to`), then (when the
     kernel reduces across blocks) the staging buffer and the semaphores, freed semaphores
@@ -567,14 +558,17 @@ def reduction_template(
     The arguments are reduction_config's: `shape`, `stride` and `offset` (elements) describe
     the input; `dims` the dimension argument as passed (None or [] for all of them);
     `out_dtype` the call's dtype argument."""
-    found = reduction_config(op, shape, stride, dtype, dims, keepdim, out_dtype, offset, device)
+    found = reduction_config(*call, **options)
     if found is None:
         return None
     config, out_bytes = found
     template = [{"kind": "output", "index": 0, "bytes": out_bytes}]
-    cast = cast_to(OPERATORS[op][0], dtype, out_dtype)
+    given = inspect.signature(reduction_config).bind(*call, **options)
+    given.apply_defaults()
+    argument = given.arguments
+    cast = cast_to(OPERATORS[argument["op"]][0], argument["dtype"], argument["out_dtype"])
     if cast is not None:
-        copy = math.prod(shape) * ELEMENT_SIZE[cast]
+        copy = math.prod(argument["shape"]) * ELEMENT_SIZE[cast]
         template.append({"kind": "internal", "id": 2, "bytes": copy})
     if config is not None and config.should_global_reduce():
         template += [

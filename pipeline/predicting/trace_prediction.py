@@ -280,8 +280,13 @@ def cumsum_template(arguments: dict) -> list | None:
 
 
 SOFTMAX_BACKWARD = "aten._softmax_backward_data.default"
-SOFTMAX = ("aten._softmax.default", "aten._log_softmax.default")
-LOG_SOFTMAX_BACKWARD = "aten._log_softmax_backward_data.default"
+# softmax's and log_softmax's kernels, and log_softmax's backward, which run on
+# `.contiguous()` of their first tensors (by_source_template): how many
+COPIED_FIRST = {
+    "aten._softmax.default": 1,
+    "aten._log_softmax.default": 1,
+    "aten._log_softmax_backward_data.default": 2,
+}
 POW_SCALAR = "aten.pow.Scalar"
 EMBEDDING = "aten.embedding.default"
 SCALAR_BYTES = {float: 8, int: 8}  # wrapped_scalar_tensor: a double or an int64
@@ -314,8 +319,7 @@ def _contiguous(*positions):
 # each with whether a call's leaves make it output-only all the same.
 BY_SOURCE = {
     SOFTMAX_BACKWARD: lambda leaves: False,
-    **dict.fromkeys(SOFTMAX, _contiguous(0)),
-    LOG_SOFTMAX_BACKWARD: _contiguous(0, 1),
+    **{name: _contiguous(*range(count)) for name, count in COPIED_FIRST.items()},
     POW_SCALAR: lambda leaves: type(leaves[0]) in SCALAR_BYTES and leaves[0] == 1,
     EMBEDDING: _embedding_indices_contiguous,
 }
@@ -338,9 +342,9 @@ def by_source_template(name: str, arguments: dict, leaves: list) -> list | None:
       H100 copied a transposed gradient so inside log_softmax's backward)."""
     if BY_SOURCE[name](leaves):
         return []  # outputs only
-    if name in SOFTMAX or name == LOG_SOFTMAX_BACKWARD:
+    if name in COPIED_FIRST:
         steps = [("output", 0, None)]
-        for index, leaf in enumerate(leaves[: 1 if name in SOFTMAX else 2]):
+        for index, leaf in enumerate(leaves[: COPIED_FIRST[name]]):
             size = reduce_scratch.ELEMENT_SIZE.get(leaf[1])
             if size is None:
                 return None
