@@ -9,6 +9,7 @@ without the block."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -41,15 +42,25 @@ def template(name: str, leaves: list):
     return tp.by_source_template(name, arguments(name, leaves), leaves)
 
 
-def probed(name: str):
-    """(leaves or None, the probed template as steps) of every committed probe of `name`;
-    leaves only where the probe file recorded the call (the earliest folder did)."""
+@functools.cache
+def documents() -> list:
+    """(the probe document, its calls' leaves by signature) of every committed probe file,
+    read once for the tests that walk them."""
+    found = []
     for path in PROBES:
         document = json.loads(path.read_text())
         leaves = {
             key: gpu_calibration.leaves_of(entry["leaves"])
             for key, entry in document["signatures"].items()
         }
+        found.append((document, leaves))
+    return found
+
+
+def probed(name: str):
+    """(leaves or None, the probed template as steps) of every committed probe of `name`;
+    leaves only where the probe file recorded the call (the earliest folder did)."""
+    for document, leaves in documents():
         for entry in document["calibration"]["operators"]:
             if entry["op"] == name:
                 steps = [tp.template_step(step) for step in entry["template"]]

@@ -70,11 +70,18 @@ def test_a_generated_sequences_last_position_folds_into_linear_by_a_view():
     assert cublas_operands.copies("aten.linear.default", arguments) is None
 
 
-def test_other_products_keep_their_pattern_only_where_no_operand_could_be_copied():
+def test_bmm_copies_a_broadcast_batch_and_keeps_a_plain_one():
+    """An einsum's backward of a sum: the gradient (8, 64, 32) broadcast from a scalar is
+    cloned (64 KiB); batch2 first, as the result's transpose takes it."""
     plain = {"self": tensor((8, 64, 32), (2048, 32, 1)), "mat2": tensor((8, 32, 16), (0, 1, 32))}
     assert cublas_operands.copies("aten.bmm.default", plain) == []
-    broadcast = dict(plain, mat2=tensor((8, 32, 16), (0, 0, 0)))
-    assert cublas_operands.copies("aten.bmm.default", broadcast) is None
+    broadcast = {"self": tensor((8, 64, 32), (0, 0, 0)), "mat2": tensor((8, 32, 16), (0, 0, 0))}
+    assert cublas_operands.copies("aten.bmm.default", broadcast) == [8 * 32 * 16 * 4, 65536]
+    one_column = dict(plain, mat2=tensor((8, 32, 1), (32, 1, 1)))
+    assert cublas_operands.copies("aten.bmm.default", one_column) is None
+
+
+def test_other_products_keep_their_pattern_only_where_no_operand_could_be_copied():
     strided = {"input": tensor((8, 64, 32), (32, 256, 1)), "weight": tensor((16, 32), (32, 1))}
     assert cublas_operands.copies("aten.linear.default", strided) is None
 
@@ -104,6 +111,14 @@ def batch_of_one(device):
     w = torch.randn(8, 128, 32, device=device, requires_grad=True)
     torch.matmul(x, w).sum().backward()
     return x, w
+
+
+@step("einsum over batches, summed")
+def einsum_summed(device):
+    a = torch.randn(8, 32, 64, device=device, requires_grad=True)
+    b = torch.randn(8, 64, 16, device=device, requires_grad=True)
+    torch.einsum("bij,bjk->bik", a, b).sum().backward()
+    return a, b
 
 
 @step("cross_entropy with label smoothing")
@@ -165,6 +180,8 @@ def test_the_blocks_found_on_the_gpu_are_in_the_replay_and_the_prediction_is_exa
     scratch = [nbytes for kind, nbytes, what in log[1:] if kind == "alloc" and "scratch" in what]
     if name == "x @ w, summed":
         assert scratch == [8 * 64 * 32 * 4] * 2
+    if name == "einsum over batches, summed":
+        assert scratch == [8 * 32 * 16 * 4] * 2  # the broadcast gradient, in each bmm
     if name == "a mask summed":
         assert scratch[:1] == [300 * 700 * 8]
     if name == "cross_entropy with label smoothing":
@@ -216,9 +233,10 @@ def test_the_replay_makes_the_gpus_requests(name):
 
 @pytest.mark.gpu
 def test_random_products_copy_what_the_rule_says():
-    """mm and addmm on operands laid out at random (row- or column-major, rows of a wider
-    matrix, broadcast rows or scalars, every other column): the allocator's history inside
-    the call is the output, then the copies `copies` names, freed."""
+    """mm, addmm and bmm on operands laid out at random (row- or column-major, rows of a
+    wider matrix, broadcast rows or scalars, every other column; a batch broadcast or made
+    contiguous): the allocator's history inside the call is the output, then the copies
+    `copies` names, freed."""
     rng = random.Random(0)
     mismatched = []
     layouts = ("rows", "columns", "wider", "scalar", "row", "strided")
@@ -236,13 +254,18 @@ def test_random_products_copy_what_the_rule_says():
             return torch.randn(columns, device="cuda").expand(rows, columns)
         return torch.randn(rows, 2 * columns, device="cuda")[:, ::2]
 
-    for _ in range(200):
+    for trial in range(300):
         m, k, n = (rng.choice([1, 3, 16, 64, 200]) for _ in range(3))
+        batched = trial >= 200  # bmm: each operand a batch of 4 laid out alike
         a = operand(m, k, rng.choice(layouts))
         b = operand(k, n, rng.choice(layouts))
-        bias = torch.randn(n, device="cuda") if rng.random() < 0.5 else None
+        if batched:
+            a, b = (x.unsqueeze(0).expand(4, *x.shape) for x in (a, b))
+            if rng.random() < 0.5:
+                a, b = a.contiguous(), b.clone()  # b keeps its strides
+        bias = torch.randn(n, device="cuda") if rng.random() < 0.5 and not batched else None
         arguments = (bias, a, b) if bias is not None else (a, b)
-        call = torch.addmm if bias is not None else torch.mm
+        call = torch.addmm if bias is not None else torch.bmm if batched else torch.mm
         call(*arguments)  # warm
         torch.cuda.synchronize()
         torch_private.record_memory_history(torch, context=None, stacks="python")
@@ -253,13 +276,15 @@ def test_random_products_copy_what_the_rule_says():
         torch_private.stop_memory_history(torch)
         del out
         seen = [e["size"] for e in events if e["action"] == "alloc"]
-        name = "aten.addmm.default" if bias is not None else "aten.mm.default"
+        name = f"aten.{'addmm' if bias is not None else 'bmm' if batched else 'mm'}.default"
         arguments = {
             "mat1" if bias is not None else "self": as_leaf(a),
             "mat2": as_leaf(b),
         }
         made = cublas_operands.copies(name, arguments)
-        if seen != [m * n * 4, *made]:
+        if made is None:
+            continue  # not spoken for: the pattern is not used
+        if seen != [(4 if batched else 1) * m * n * 4, *made]:
             mismatched.append((name, tuple(a.stride()), tuple(b.stride()), (m, k, n), seen, made))
     assert not mismatched, mismatched[:5]
 

@@ -11,9 +11,11 @@ computes its transpose: `mat2` is prepared first, then `mat1`. The commonest suc
 is a gradient broadcast from a sum (`out.sum().backward()`: strides 0), which an H100's
 allocator history showed copied inside `mm`'s backward calls.
 
-For the other products (bmm, baddbmm, linear, matmul, mv...) the copies follow other code;
-the pattern is kept only where no operand could need one (`plain`), and otherwise the call
-is not covered.
+`bmm` and `baddbmm` prepare each batch of matrices alike (`prepare_batch_matrix_for_cublas`,
+`baddbmm_out_cuda_impl`): batch2 first, a batch kept where its last two dimensions are row-
+or column-major or it is contiguous, cloned otherwise (an `einsum`'s backward of a sum).
+For the other products (linear, matmul, mv...) the pattern is kept only where no operand
+could need a copy (`plain`, `folds_as_a_view`), and otherwise the call is not covered.
 
 Standard library only.
 """
@@ -28,6 +30,8 @@ from pipeline.predicting import reduce_scratch
 
 # The matrices `cublasCommonArgs` prepares, by argument name, mat1 first
 MATRICES = {"aten.mm.default": ("self", "mat2"), "aten.addmm.default": ("mat1", "mat2")}
+# The batches of matrices `baddbmm_out_cuda_impl` prepares, batch1 first
+BATCHES = {"aten.bmm.default": ("self", "mat2"), "aten.baddbmm.default": ("batch1", "batch2")}
 # Products whose input a kernel may fold or reshape: their first argument must be contiguous
 FOLDED = ("aten.linear.default", "aten.matmul.default")
 # The products' tensor arguments in their schemas' order
@@ -91,6 +95,8 @@ def copies(name: str, arguments: dict) -> list[int] | None:
             if not readable(shape, stride):
                 made.append(math.prod(shape) * reduce_scratch.ELEMENT_SIZE[dtype])
         return made
+    if name in BATCHES:
+        return batch_copies(*(tensors.get(key) for key in BATCHES[name]))
     for key, (_, _, shape, stride, *_) in tensors.items():
         if key in ("self", "input") and name in FOLDED:
             if not (call_keys.contiguous(shape, stride) or folds_as_a_view(shape, stride)):
@@ -98,6 +104,27 @@ def copies(name: str, arguments: dict) -> list[int] | None:
         elif not plain(shape, stride):
             return None
     return []
+
+
+def batch_copies(batch1, batch2) -> list[int] | None:
+    """`baddbmm_out_cuda_impl`'s copies: the result is fresh and contiguous, so cuBLAS
+    computes its transpose and `prepare_batch_matrix_for_cublas` takes batch2, then batch1;
+    a batch is kept where its last two dimensions are row- or column-major (the other
+    stride at least the size it spans), or it is contiguous with non-zero strides, and is
+    otherwise cloned. A result of one row or one column takes the other layout: not
+    spoken for."""
+    if batch1 is None or batch2 is None or len(batch1[2]) != 3 or len(batch2[2]) != 3:
+        return None
+    if batch1[2][1] == 1 or batch2[2][2] == 1:
+        return None
+    made = []
+    for _, dtype, shape, stride, *_ in (batch2, batch1):
+        kept = plain(shape, stride) or (
+            call_keys.contiguous(shape, stride) and stride[1] != 0 and stride[2] != 0
+        )
+        if not kept:
+            made.append(math.prod(shape) * reduce_scratch.ELEMENT_SIZE[dtype])
+    return made
 
 
 def folds_as_a_view(shape, stride) -> bool:
