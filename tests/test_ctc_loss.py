@@ -373,7 +373,7 @@ def test_the_choice_of_cudnn_is_pytorchs():
         as_tensors = (torch.tensor(inputs, dtype=targets_dtype),
                       torch.tensor(lengths, dtype=targets_dtype))  # fmt: skip
         ours_t = ctc_loss.cudnn_takes_tensors(
-            torch, log_probs, targets, (inputs, lengths), *as_tensors, blank
+            torch, log_probs, targets, as_tensors, inputs, lengths, blank
         )
         theirs_t = torch._use_cudnn_ctc_loss(log_probs, targets, *as_tensors, blank)
         if (ours, ours_t) != (theirs, theirs_t):

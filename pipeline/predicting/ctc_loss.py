@@ -31,6 +31,7 @@ import functools
 import math
 
 from pipeline.core import torch_private
+from pipeline.predicting import packed_sequences
 
 NO_VALUES = (
     "the trace cannot follow the code at ctc_loss: the lengths' values come from tensors it "
@@ -60,7 +61,7 @@ def lengths_of(torch, lengths) -> list[int] | None:
         return [lengths]
     if isinstance(lengths, (list, tuple)):
         return [int(length) for length in lengths]
-    if type(lengths) is torch.Tensor and lengths.device.type == "cpu":
+    if packed_sequences.has_values(torch, lengths):
         return lengths.reshape(-1).tolist()
     return None
 
@@ -79,16 +80,15 @@ def cudnn_may_take(torch, log_probs, targets, blank) -> bool:
     )
 
 
-def cudnn_takes_tensors(torch, log_probs, targets, lengths, input_lengths, target_lengths,
+def cudnn_takes_tensors(torch, log_probs, targets, tensors, inputs, target_lengths,
                         blank) -> bool:  # fmt: skip
-    """`_use_cudnn_ctc_loss` for lengths given as tensors (the Tensor overload): int32
-    lengths, each target shorter than 256 and than its input."""
-    inputs, targets_lengths = lengths
+    """`_use_cudnn_ctc_loss` for lengths given as tensors (the Tensor overload, `tensors`
+    the input and target lengths' tensors, their values as read): int32 lengths, each
+    target shorter than 256 and than its input."""
     return (
         cudnn_may_take(torch, log_probs, targets, blank)
-        and input_lengths.dtype == torch.int32
-        and target_lengths.dtype == torch.int32
-        and all(t < 256 and t <= i for t, i in zip(targets_lengths, inputs, strict=False))
+        and all(lengths.dtype == torch.int32 for lengths in tensors)
+        and all(t < 256 and t <= i for t, i in zip(target_lengths, inputs, strict=False))
     )
 
 
@@ -109,8 +109,8 @@ def ctc_loss_as_on_gpu(torch, func, args, kwargs):
     """(the loss, None), or (None, why the trace stops). func: F.ctc_loss, whose reduction is
     a name, or torch.ctc_loss, which takes its number."""
     call = {**dict(zip(PARAMETERS, args, strict=False)), **kwargs}
-    tensors = [isinstance(call[name], torch.Tensor) for name in PARAMETERS[2:4]]
-    if tensors[0] != tensors[1]:  # no overload takes them: PyTorch says so
+    are_tensors = [isinstance(call[name], torch.Tensor) for name in PARAMETERS[2:4]]
+    if are_tensors[0] != are_tensors[1]:  # no overload takes them: PyTorch says so
         return func(*args, **kwargs), None
     functional = func is torch.nn.functional.ctc_loss
     log_probs, targets = call["log_probs"], call["targets"]
@@ -122,14 +122,14 @@ def ctc_loss_as_on_gpu(torch, func, args, kwargs):
     target_lengths = lengths_of(torch, call["target_lengths"])
     if inputs is None or target_lengths is None:
         return None, NO_VALUES
-    if tensors[0]:  # the Tensor overload
+    if are_tensors[0]:  # the Tensor overload
         for name in ("input_lengths", "target_lengths"):
             if call[name].dtype.is_floating_point or call[name].dtype == torch.bool:
                 raise RuntimeError(f"{name} must be integral")
+        tensors = (call["input_lengths"], call["target_lengths"])
         if log_probs.device.type != "cpu" and cudnn_takes_tensors(
-            torch, log_probs, targets, (inputs, target_lengths), call["input_lengths"],
-            call["target_lengths"], blank,
-        ):  # fmt: skip
+            torch, log_probs, targets, tensors, inputs, target_lengths, blank
+        ):
             return None, CUDNN
     batched = log_probs.dim() == 3
     if not batched:

@@ -302,15 +302,12 @@ def flat_view(shape, stride) -> bool:
     )
 
 
-def _embedding_indices_contiguous(leaves: list) -> bool:
-    indices = leaves[1] if len(leaves) > 1 else None
-    return call_keys.is_tensor_leaf(indices) and call_keys.contiguous(indices[2], indices[3])
-
-
 def _contiguous(*positions):
-    """Whether the call's tensors at these positions are all contiguous."""
+    """Whether the call's tensors at these positions are all there and contiguous."""
     return lambda leaves: all(
-        call_keys.is_tensor_leaf(leaves[i]) and call_keys.contiguous(leaves[i][2], leaves[i][3])
+        i < len(leaves)
+        and call_keys.is_tensor_leaf(leaves[i])
+        and call_keys.contiguous(leaves[i][2], leaves[i][3])
         for i in positions
     )
 
@@ -321,7 +318,7 @@ BY_SOURCE = {
     SOFTMAX_BACKWARD: lambda leaves: False,
     **{name: _contiguous(*range(count)) for name, count in COPIED_FIRST.items()},
     POW_SCALAR: lambda leaves: type(leaves[0]) in SCALAR_BYTES and leaves[0] == 1,
-    EMBEDDING: _embedding_indices_contiguous,
+    EMBEDDING: _contiguous(1),  # the indices
 }
 
 
