@@ -197,6 +197,24 @@ def test_a_real_run_that_selects_by_a_masks_values_gives_no_bounds_and_says_why(
     assert {"op": VALUE_DEPENDENT[name], "calls": 0, "why": tp.OTHER_WAY} in prediction.unknown
 
 
+def test_label_smoothing_given_by_position_is_noted_as_by_keyword():
+    """F.cross_entropy(x, y, w, None, -100, None, "mean", 0.1): every argument by position."""
+
+    def drive(phase):
+        def run():
+            x = torch.randn(64, 1000, device="meta", requires_grad=True)
+            y = torch.randint(0, 1000, (64,), device="meta")
+            w = torch.rand(1000, device="meta")
+            F.cross_entropy(x, y, w, None, -100, None, "mean", 0.1).backward()
+            return x
+
+        phase("step", run)
+
+    trace = tp.run_trace(torch, "meta", drive, target=attention_choice.H200)
+    assert trace.notes == {VALUE_DEPENDENT["cross_entropy with label smoothing and class "
+                                           "weights"]: tp.OTHER_WAY}  # fmt: skip
+
+
 def test_without_a_gradient_or_weights_the_same_calls_stay_exact():
     def drive(phase):
         def run():
