@@ -15,7 +15,6 @@ from conftest import gpu_requests as history
 from conftest import replayed_requests as replayed
 from conftest import requests_between_frees as grouped
 
-from pipeline.core import torch_private
 from pipeline.predicting import attention_choice, cublas_operands, gpu_calibration
 from pipeline.predicting import trace_prediction as tp
 
@@ -284,16 +283,8 @@ def test_random_products_copy_what_the_rule_says():
         bias = torch.randn(n, device="cuda") if rng.random() < 0.5 and not batched else None
         arguments = (bias, a, b) if bias is not None else (a, b)
         call = torch.addmm if bias is not None else torch.bmm if batched else torch.mm
-        call(*arguments)  # warm
-        torch.cuda.synchronize()
-        torch_private.record_memory_history(torch, context=None, stacks="python")
-        before = len(torch_private.memory_snapshot(torch)["device_traces"][0])
-        out = call(*arguments)
-        torch.cuda.synchronize()
-        events = torch_private.memory_snapshot(torch)["device_traces"][0][before:]
-        torch_private.stop_memory_history(torch)
-        del out
-        seen = [e["size"] for e in events if e["action"] == "alloc"]
+        events = history(lambda device, call=call, arguments=arguments: call(*arguments))
+        seen = [nbytes for action, nbytes in events if action == "alloc"]
         name = f"aten.{'addmm' if bias is not None else 'bmm' if batched else 'mm'}.default"
         arguments = {
             "mat1" if bias is not None else "self": as_leaf(a),
