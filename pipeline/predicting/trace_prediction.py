@@ -52,6 +52,7 @@ from pipeline.predicting import (
     fused_cells,
     kernel_formulas,
     loss_outputs,
+    module_conversion,
     packed_sequences,
     reduce_scratch,
     segment_order,
@@ -565,6 +566,7 @@ class Tracer:
                     self._patch_autocast()
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
                 self._undo.append(fused_cells.add_fake_kernels(self.torch))
+                self._undo.append(module_conversion.install(self.torch, self))
                 self._undo.append(loss_outputs.add_fake_kernels(self.torch, self.fake))
                 if self.target is not None and self.target.cudnn() is not None:
                     self._undo.append(cudnn_rnn.add_fake_kernels(self.torch))
