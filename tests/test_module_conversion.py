@@ -1,0 +1,201 @@
+"""How a model reaches the device in a trace (module_conversion.py): a parameter shared by
+several modules stays one where a GPU keeps it one, and nothing the trace builds holds real
+host memory."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+
+from pipeline.core import torch_private
+from pipeline.measuring import own_model
+from pipeline.predicting import module_conversion
+from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace_prediction import PredictionStatus
+
+VOCAB, WIDTH = 1000, 512
+EMBEDDING = VOCAB * WIDTH * 4  # float32
+
+TIED = """
+import torch
+from own_model import Workload
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(1000, 512)
+        self.head = torch.nn.Linear(512, 1000, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.emb(ids))
+
+
+def inputs(config):
+    return lambda: torch.randint(0, 1000, (config.batch, 16), device=config.device)
+
+
+def training(model, config):
+    optimizer = torch.optim.AdamW(model.parameters())
+    step = lambda model, ids: model(ids).float().logsumexp(-1).mean()
+    return Workload(model, inputs(config), step=step, optimizer=optimizer)
+
+
+def moved(config):
+    return training(Tied().to(device=config.device, dtype=config.dtype), config)
+
+
+def moved_then_cast(config):
+    return training(Tied().to(config.device).to(config.dtype), config)
+
+
+def built_there(config):
+    with torch.device(config.device):
+        model = Tied()
+    return training(model, config)
+
+
+def emptied(config):
+    with torch.device("meta"):
+        model = Tied()
+    return training(model.to_empty(device=config.device), config)
+
+
+def emptied_untied(config):
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    return Workload(model.to_empty(device=config.device), lambda: torch.randn(
+        config.batch, 512, device=config.device))
+"""
+
+
+def estimate(capsys, tmp_path, function: str) -> dict:
+    path = tmp_path / "tied.py"
+    path.write_text(TIED, encoding="utf-8")
+    argv = ["estimate", "--workload", f"{path}:{function}", "--batch", "2", "--json"]
+    assert own_model.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("function", ["moved", "moved_then_cast", "built_there"])
+def test_a_tied_weight_is_one_parameter_however_the_model_reaches_the_device(
+    capsys, tmp_path, function
+):
+    document = estimate(capsys, tmp_path, function)
+    assert document["workload"]["parameters"]["bytes"] == EMBEDDING
+    # model_load holds the one weight (the allocator's 2 MiB rounding of a 2,048,000 B block)
+    load = document["prediction"]["phases"][0]
+    assert load["phase"] == "model_load"
+    assert load["allocated_bytes"] == 2048000
+
+
+def test_moving_a_tied_model_allocates_as_building_it_on_the_device_does(capsys, tmp_path):
+    """Every phase after the model's: the same counters, the tie's gradient and AdamW's
+    state counted once."""
+    moved = estimate(capsys, tmp_path, "moved")["prediction"]["phases"][1:]
+    built = estimate(capsys, tmp_path, "built_there")["prediction"]["phases"][1:]
+    keys = ("allocated_bytes", "peak_allocated_bytes")
+    assert [[row[k] for k in keys] for row in moved] == [[row[k] for k in keys] for row in built]
+
+
+def test_to_empty_over_shared_parameters_without_a_gpu_is_named_not_exact(capsys, tmp_path):
+    document = estimate(capsys, tmp_path, "emptied")
+    prediction = document["prediction"]
+    assert prediction["status"] == PredictionStatus.APPROXIMATE
+    assert module_conversion.TO_EMPTY in [u["op"] for u in prediction["unknown"]]
+
+
+def test_to_empty_without_shared_parameters_is_not_noted(capsys, tmp_path):
+    prediction = estimate(capsys, tmp_path, "emptied_untied")["prediction"]
+    assert module_conversion.TO_EMPTY not in [u["op"] for u in prediction["unknown"]]
+
+
+def test_parameters_made_from_host_tensors_are_fake_in_the_trace():
+    made = []
+
+    def drive(phase):
+        def load():
+            made.append(torch.nn.Parameter(torch.ones(4, 4)))
+            return made[-1]
+
+        phase("model_load", load)
+
+    trace = tp.run_trace(torch, "meta", drive)
+    assert trace.stopped is None
+    assert isinstance(made[0], torch_private.FakeTensor)
+    assert isinstance(made[0], torch.nn.Parameter)
+    assert (made[0].device.type, made[0].shape) == ("cpu", (4, 4))
+
+
+def test_the_trace_leaves_parameter_and_module_as_they_were():
+    new, apply_, to_empty = (
+        torch.nn.Parameter.__dict__["__new__"],
+        torch.nn.Module._apply,
+        torch.nn.Module.to_empty,
+    )
+    tp.run_trace(torch, "meta", lambda phase: phase("model_load", lambda: torch.nn.Linear(2, 2)))
+    assert torch.nn.Parameter.__dict__["__new__"] is new
+    assert torch.nn.Module._apply is apply_
+    assert torch.nn.Module.to_empty is to_empty
+    weight = torch.nn.Linear(2, 2).weight
+    assert not isinstance(weight, torch_private.FakeTensor)
+    assert type(weight) is torch.nn.Parameter
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "target", "renewed"),
+    [
+        ("cpu", "cuda", "cuda", False),  # dense to dense: in place, a tie kept
+        ("cuda", "cuda", "cuda", False),
+        ("meta", "cuda", "cuda", True),  # to_empty from meta: a new Parameter, a tie broken
+        ("cuda", "meta", "cuda", True),
+        ("meta", "meta", "cuda", False),
+        ("cpu", "meta", "meta", False),  # without a GPU, meta stands for the GPU
+        ("meta", "meta", "meta", False),
+    ],
+)
+def test_a_gpu_gives_a_new_parameter_where_the_tensor_types_are_not_compatible(
+    old, new, target, renewed
+):
+    class At:
+        def __init__(self, where):
+            self.device = torch.device(where)
+
+    assert module_conversion.new_parameter(torch, At(old), At(new), torch.device(target)) is renewed
+
+
+HOST_BUILT = """
+import torch
+from own_model import Workload
+
+
+def big(config):
+    # 2**28 float32 parameters: 1 GiB on the host if the build were real
+    model = torch.nn.Embedding(2**18, 2**10).to(device=config.device, dtype=config.dtype)
+    return Workload(model, lambda: torch.zeros(config.batch, 4, dtype=torch.long,
+                                               device=config.device))
+"""
+
+
+def test_a_model_built_on_the_host_holds_no_host_memory_while_traced(tmp_path):
+    """The trace of a 1 GiB model built on the CPU stays under 1 GiB resident (it was the
+    model's size above the interpreter's before parameters were made fake)."""
+    path = tmp_path / "big.py"
+    path.write_text(HOST_BUILT, encoding="utf-8")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.measuring.own_model", "estimate",
+         "--workload", f"{path}:big", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert json.loads(done.stdout)["workload"]["parameters"]["bytes"] == 2**30
+    assert max(peak_kib, before) < 1024 * 1024, f"{peak_kib} KiB resident"
