@@ -261,6 +261,9 @@ def host_gpu(environment=None):
         def probe(self, torch, device, trace):
             return trace_prediction.Calibration()
 
+        def history(self, torch, on):
+            return False  # a CPU has no allocator history: nothing to hold the replay against
+
     return HostGpu()
 
 

@@ -37,6 +37,7 @@ import json
 import pickle
 import re
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -54,7 +55,7 @@ from pipeline.core import (
 )
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_contract import Configuration, Workload, WorkloadFile
-from pipeline.predicting import gpu_calibration, trace_prediction
+from pipeline.predicting import gpu_calibration, history_check, trace_prediction
 from pipeline.predicting.trace_prediction import PredictionStatus
 from pipeline.workloads import seed_network
 from pipeline.workloads.own_model_facts import (  # noqa: F401 (own_model.document_facts, own_model.SCHEMA... stay)
@@ -558,9 +559,10 @@ class Gpu:
         return trace_prediction.probe_operators(torch, device, trace)
 
     def history(self, torch, on: bool):
+        """on: starts recording, True; off: the snapshot, recording stopped."""
         if on:
             trace_prediction.start_history(torch)
-            return None
+            return True
         snapshot = torch_private.memory_snapshot(torch)
         trace_prediction.stop_history(torch)
         return snapshot
@@ -571,8 +573,7 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
     config = Configuration(device, getattr(torch, setting.dtype), setting.batch, setting.seed)
     rows, facts = document["phases"], {}
     runtime = gpu.runtime(torch)
-    if history is not None:
-        gpu.history(torch, True)
+    recording = gpu.history(torch, True)  # the oracle's history (held_against_history)
     torch.manual_seed(setting.seed)
     status, failure = RunStatus.COMPLETED, None
     try:
@@ -588,8 +589,11 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
         status = RunStatus.FAILED
         traceback.print_exception(exc.original)
         failure = user_failure(exc)
-    if history is not None:
-        history["snapshot"] = gpu.history(torch, False)
+    started = time.perf_counter_ns()
+    snapshot = gpu.history(torch, False) if recording else None
+    history_ns = time.perf_counter_ns() - started
+    if history is not None and snapshot is not None:
+        history["snapshot"] = snapshot
     document["status"] = status
     document["workload"] = workload_record(setting, facts or traced[1], rows)
     if failure is not None:
@@ -608,7 +612,9 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
         document.pop("calibration", None)
         reason = f"the calibration or the replay failed ({type(exc).__name__}): not predicted"
         prediction = trace_prediction.Prediction(PredictionStatus.NOT_PREDICTED, [], [], [], reason)
-    if history is not None:
+    if status == RunStatus.COMPLETED:  # out of memory: the phases the replay has, unrun
+        document["history_check"] = held_against_history(snapshot, device, prediction, history_ns)
+    if history is not None and snapshot is not None:
         history["replay"] = prediction.log
         if prediction.rows:  # replayed again under this GPU's own order of segment addresses
             events = history["snapshot"]["device_traces"][device.index]
@@ -620,6 +626,26 @@ def run_measurement(torch, gpu, setting, device, function, traced, document, his
     document["summary"] = summarise(document)
     compare(document)
     return cli.OUT_OF_MEMORY if status == RunStatus.OUT_OF_MEMORY else cli.OK
+
+
+def held_against_history(snapshot, device, prediction, history_ns: int) -> dict | None:
+    """The oracle (history_check.py): the prediction's replay against the allocator's
+    history of the phases, request by request; an "exact" claim that it contradicts is
+    withdrawn, with the first difference named. None where no history was recorded."""
+    if snapshot is None or not prediction.rows:
+        return None
+    events = snapshot["device_traces"][device.index]
+    if len(events) >= trace_prediction.HISTORY_ENTRIES:  # the oldest events dropped
+        return None
+    started = time.perf_counter_ns()
+    found = history_check.check(events, prediction.log)
+    found.update(history_ns=history_ns, check_ns=time.perf_counter_ns() - started)
+    if prediction.status == PredictionStatus.EXACT and not found["agrees"]:
+        prediction.status = PredictionStatus.APPROXIMATE
+        unknown = {"op": history_check.HISTORY, "calls": 0, "why": history_check.why(found)}
+        prediction.unknown.append(unknown)
+        prediction.unbounded = "the GPU's own history contradicted the replay: no bounds are claimed"
+    return found
 
 
 def user_failure(exc: UserCodeError) -> dict:

@@ -2167,11 +2167,14 @@ def rebuild(torch, device, leaf):
     raise ValueError(f"cannot recreate a {leaf[1]} argument")
 
 
+HISTORY_ENTRIES = 1_000_000  # events the allocator keeps; past them it drops the oldest
+
+
 def start_history(torch) -> None:
     """The allocator's history of allocations and frees, without stack traces."""
     try:
         torch_private.record_memory_history(
-            torch, enabled="all", context=None, max_entries=1_000_000, clear_history=True
+            torch, enabled="all", context=None, max_entries=HISTORY_ENTRIES, clear_history=True
         )
     except TypeError:  # a PyTorch without clear_history: callers count the events before
         torch_private.record_memory_history(torch, enabled="all", context=None)

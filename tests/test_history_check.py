@@ -1,0 +1,117 @@
+"""The oracle in every measurement (history_check.py, own_model.held_against_history): the
+replay against the allocator's history, request by request; an exact claim it contradicts is
+withdrawn with the first difference named."""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.measuring import own_model
+from pipeline.predicting import history_check
+from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace_prediction import PredictionStatus
+
+MIB = 1 << 20
+
+
+def gpu(*events) -> list[dict]:
+    """An allocator history: ("alloc" | "free", bytes), with the keys the allocator records."""
+    names = {"alloc": "alloc", "free": "free_completed"}
+    found = []
+    for n, (action, size) in enumerate(events):
+        found.append({"action": names[action], "size": size, "addr": n, "stream": 0})
+        if action == "alloc":  # the other actions an allocator records are ignored
+            found.append({"action": "segment_alloc", "size": size, "addr": n, "stream": 0})
+    return found
+
+
+LOG = [
+    ("phase", 0, "model_load"),
+    ("alloc", 4 * MIB, "aten.empty"),
+    ("phase", 0, "cold_step"),
+    ("alloc", MIB, "aten.mm"),
+    ("alloc", 512, "aten.sum"),
+    ("free", MIB, "storage"),
+    ("free", 512, "storage"),
+    ("alloc", 2 * MIB, "aten.mul"),
+    ("free", 2 * MIB, "storage"),
+]
+
+
+def test_the_same_requests_agree_whatever_the_order_of_frees_between_two():
+    history = gpu(("alloc", 4 * MIB), ("alloc", MIB), ("alloc", 512), ("free", 512),
+                  ("free", MIB), ("alloc", 2 * MIB))  # fmt: skip
+    found = history_check.check(history, LOG)
+    assert found == {"requests": {"gpu": 4, "replay": 4}, "agrees": True, "first_difference": None}
+
+
+def test_a_request_the_replay_lacks_is_named_with_its_phase_and_operator():
+    history = gpu(("alloc", 4 * MIB), ("alloc", MIB), ("alloc", 512), ("alloc", 8192),
+                  ("free", 512), ("free", MIB), ("alloc", 2 * MIB))  # fmt: skip
+    found = history_check.check(history, LOG)
+    assert found["agrees"] is False
+    assert found["requests"] == {"gpu": 5, "replay": 4}
+    assert found["first_difference"] == {
+        "position": 4,
+        "phase": "cold_step",
+        "gpu": {"action": "alloc", "bytes": [8192]},
+        "replay": {"action": "free", "bytes": [512, MIB]},
+        "operator": "storage",
+    }
+    assert history_check.why(found) == (
+        "at its event 4 (cold_step, the replay at storage) the GPU's allocator history shows "
+        "a block of 8,192 B where the replay has 2 block(s) freed (1,049,088 B)"
+    )
+
+
+def test_a_block_of_another_size_differs_after_the_allocators_rounding_only():
+    rounded = gpu(("alloc", 4 * MIB), ("alloc", MIB), ("alloc", 100), ("free", 100), ("free", MIB),
+                  ("alloc", 2 * MIB))  # fmt: skip
+    assert history_check.check(rounded, LOG)["agrees"] is True  # 100 B and 512 B: one block
+    other = gpu(("alloc", 4 * MIB), ("alloc", MIB + 512), ("alloc", 512), ("alloc", 2 * MIB))
+    first = history_check.check(other, LOG)["first_difference"]
+    assert (first["position"], first["gpu"], first["operator"]) == (
+        2, {"action": "alloc", "bytes": [MIB + 512]}, "aten.mm"
+    )  # fmt: skip
+
+
+def test_a_shorter_history_differs_where_it_ends():
+    found = history_check.check(gpu(("alloc", 4 * MIB)), LOG)
+    assert found["first_difference"]["position"] == 2
+    assert found["first_difference"]["gpu"] is None
+
+
+def prediction(status) -> tp.Prediction:
+    rows = [{"phase": "model_load"}]
+    return tp.Prediction(status, rows, [], list(LOG))
+
+
+def snapshot(history) -> dict:
+    return {"device_traces": [history]}
+
+
+def test_an_exact_claim_the_history_contradicts_is_withdrawn():
+    found = prediction(PredictionStatus.EXACT)
+    history = gpu(("alloc", 4 * MIB), ("alloc", 3 * MIB))
+    check = own_model.held_against_history(snapshot(history), torch.device("cuda", 0), found, 7)
+    assert check["agrees"] is False and check["history_ns"] == 7 and check["check_ns"] >= 0
+    assert found.status == PredictionStatus.APPROXIMATE
+    assert [u["op"] for u in found.unknown] == [history_check.HISTORY]
+    assert found.unbounded is not None and found.bounds is None
+
+
+def test_an_exact_claim_the_history_bears_out_stays_exact():
+    found = prediction(PredictionStatus.EXACT)
+    history = gpu(("alloc", 4 * MIB), ("alloc", MIB), ("alloc", 512), ("free", MIB),
+                  ("free", 512), ("alloc", 2 * MIB))  # fmt: skip
+    check = own_model.held_against_history(snapshot(history), torch.device("cuda", 0), found, 0)
+    assert check["agrees"] is True
+    assert found.status == PredictionStatus.EXACT and found.unknown == []
+
+
+def test_no_history_or_a_history_that_dropped_its_start_checks_nothing():
+    found = prediction(PredictionStatus.EXACT)
+    assert own_model.held_against_history(None, torch.device("cuda", 0), found, 0) is None
+    full = [{"action": "alloc", "size": 512, "addr": 0}] * tp.HISTORY_ENTRIES
+    assert own_model.held_against_history(snapshot(full), torch.device("cuda", 0), found, 0) is None
+    assert found.status == PredictionStatus.EXACT
