@@ -1,0 +1,29 @@
+"""Generated (tests/benchmarks/idiom_points.py): family=encoder, build=cpu_to, mode=train, step=adamw, loss=by_hand, upcast=float, returns=dict, extra=buffer, dtype=float32."""
+
+import torch
+from own_model import Workload
+
+class Model(torch.nn.Module):
+    def __init__(self, width=128):
+        super().__init__()
+        self.layer = torch.nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0,
+                                                      batch_first=True)
+        self.head = torch.nn.Linear(width, 10)
+        self.register_buffer("scale", torch.ones(1))
+
+    def forward(self, x):
+        h = self.layer(x)
+        return self.head(h.mean(1)) * self.scale
+
+
+def point(config):
+    model = Model().to(device=config.device, dtype=config.dtype)
+    model.train()
+    make_inputs = lambda: torch.randn(config.batch, 64, 128, device=config.device, dtype=config.dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(model, inputs):
+        out = model(inputs)
+        return (out.float() - torch.zeros(config.batch, 10, device=config.device, dtype=out.dtype).float()).pow(2).mean()
+
+    return Workload(model, make_inputs, step=step, optimizer=optimizer)

@@ -1,0 +1,34 @@
+"""Generated (tests/benchmarks/idiom_points.py): family=tied_lm, build=device_context, mode=train, step=sgd, loss=by_hand, upcast=float, returns=output, extra=in_place, dtype=float32."""
+
+import torch
+from own_model import Workload
+
+class Model(torch.nn.Module):
+    def __init__(self, vocab=1000, width=256):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, width)
+        self.mix = torch.nn.Linear(width, width)
+        self.drop = torch.nn.Dropout(0.0)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        h = torch.relu(self.mix(self.emb(ids)))
+        h.mul_(2.0)
+        return self.head(self.drop(h))
+
+
+def point(config):
+    with torch.device(config.device):
+        model = Model()
+    model = model.to(config.dtype)
+    model.train()
+    make_inputs = lambda: torch.randint(0, 1000, (config.batch, 64), device=config.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+
+    def step(model, inputs):
+        out = model(inputs)
+        logp = torch.log_softmax(out.float(), dim=-1)
+        return -logp.gather(-1, inputs.unsqueeze(-1)).mean()
+
+    return Workload(model, make_inputs, step=step, optimizer=optimizer)

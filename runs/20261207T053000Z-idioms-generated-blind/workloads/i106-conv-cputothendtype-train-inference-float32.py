@@ -1,0 +1,25 @@
+"""Generated (tests/benchmarks/idiom_points.py): family=conv, build=cpu_to_then_dtype, mode=train, step=inference, loss=nn, upcast=kept, returns=output, extra=hook, dtype=float32."""
+
+import torch
+from own_model import Workload
+
+class Model(torch.nn.Module):
+    def __init__(self, channels=32):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, channels, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(channels)
+        self.drop = torch.nn.Dropout(0.0)
+        self.head = torch.nn.Linear(channels, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.norm(self.conv(x)))
+        return self.head(self.drop(h.mean((2, 3))))
+
+
+def point(config):
+    model = Model().to(config.device).to(config.dtype)
+    model.train()
+    seen = []
+    model.register_forward_hook(lambda module, args, output: seen.append(output))
+    make_inputs = lambda: torch.randn(config.batch, 3, 32, 32, device=config.device, dtype=config.dtype)
+    return Workload(model, make_inputs)

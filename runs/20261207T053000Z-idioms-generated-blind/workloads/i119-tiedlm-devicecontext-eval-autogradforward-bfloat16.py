@@ -1,0 +1,31 @@
+"""Generated (tests/benchmarks/idiom_points.py): family=tied_lm, build=device_context, mode=eval, step=autograd_forward, loss=nn, upcast=float, returns=dict, extra=dropout, dtype=bfloat16."""
+
+import torch
+from own_model import Workload
+
+class Model(torch.nn.Module):
+    def __init__(self, vocab=1000, width=256):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, width)
+        self.mix = torch.nn.Linear(width, width)
+        self.drop = torch.nn.Dropout(0.1)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        h = torch.relu(self.mix(self.emb(ids)))
+        return self.head(self.drop(h))
+
+
+def point(config):
+    with torch.device(config.device):
+        model = Model()
+    model = model.to(config.dtype)
+    model.eval()
+    make_inputs = lambda: torch.randint(0, 1000, (config.batch, 64), device=config.device)
+
+    def step(model, inputs):
+        out = model(inputs)
+        return {"logits": out.float()}
+
+    return Workload(model, make_inputs, step=step)

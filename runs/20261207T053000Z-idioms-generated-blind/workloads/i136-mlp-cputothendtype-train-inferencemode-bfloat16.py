@@ -1,0 +1,29 @@
+"""Generated (tests/benchmarks/idiom_points.py): family=mlp, build=cpu_to_then_dtype, mode=train, step=inference_mode, loss=nn, upcast=float, returns=tensor, extra=dropout, dtype=bfloat16."""
+
+import torch
+from own_model import Workload
+
+class Model(torch.nn.Module):
+    def __init__(self, width=256):
+        super().__init__()
+        self.up = torch.nn.Linear(128, width)
+        self.act = torch.nn.GELU()
+        self.drop = torch.nn.Dropout(0.1)
+        self.down = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        h = self.act(self.up(x))
+        return self.down(self.drop(h))
+
+
+def point(config):
+    model = Model().to(config.device).to(config.dtype)
+    model.train()
+    make_inputs = lambda: torch.randn(config.batch, 128, device=config.device, dtype=config.dtype)
+
+    def step(model, inputs):
+        with torch.inference_mode():
+            out = model(inputs)
+            return out.float()
+
+    return Workload(model, make_inputs, step=step)

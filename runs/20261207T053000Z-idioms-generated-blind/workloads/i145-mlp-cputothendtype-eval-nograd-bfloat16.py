@@ -1,0 +1,30 @@
+"""Generated (tests/benchmarks/idiom_points.py): family=mlp, build=cpu_to_then_dtype, mode=eval, step=no_grad, loss=by_hand, upcast=float, returns=dict, extra=buffer, dtype=bfloat16."""
+
+import torch
+from own_model import Workload
+
+class Model(torch.nn.Module):
+    def __init__(self, width=256):
+        super().__init__()
+        self.up = torch.nn.Linear(128, width)
+        self.act = torch.nn.GELU()
+        self.drop = torch.nn.Dropout(0.0)
+        self.down = torch.nn.Linear(width, 10)
+        self.register_buffer("scale", torch.ones(1))
+
+    def forward(self, x):
+        h = self.act(self.up(x))
+        return self.down(self.drop(h)) * self.scale
+
+
+def point(config):
+    model = Model().to(config.device).to(config.dtype)
+    model.eval()
+    make_inputs = lambda: torch.randn(config.batch, 128, device=config.device, dtype=config.dtype)
+
+    def step(model, inputs):
+        with torch.no_grad():
+            out = model(inputs)
+            return {"logits": out.float()}
+
+    return Workload(model, make_inputs, step=step)

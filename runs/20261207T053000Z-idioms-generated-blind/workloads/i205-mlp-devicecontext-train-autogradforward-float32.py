@@ -1,0 +1,31 @@
+"""Generated (tests/benchmarks/idiom_points.py): family=mlp, build=device_context, mode=train, step=autograd_forward, loss=nn, upcast=float, returns=output, extra=in_place, dtype=float32."""
+
+import torch
+from own_model import Workload
+
+class Model(torch.nn.Module):
+    def __init__(self, width=256):
+        super().__init__()
+        self.up = torch.nn.Linear(128, width)
+        self.act = torch.nn.GELU()
+        self.drop = torch.nn.Dropout(0.0)
+        self.down = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        h = self.act(self.up(x))
+        h.mul_(2.0)
+        return self.down(self.drop(h))
+
+
+def point(config):
+    with torch.device(config.device):
+        model = Model()
+    model = model.to(config.dtype)
+    model.train()
+    make_inputs = lambda: torch.randn(config.batch, 128, device=config.device, dtype=config.dtype)
+
+    def step(model, inputs):
+        out = model(inputs)
+        return out.float()
+
+    return Workload(model, make_inputs, step=step)

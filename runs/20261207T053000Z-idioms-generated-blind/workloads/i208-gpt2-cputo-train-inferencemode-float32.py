@@ -1,0 +1,25 @@
+"""Generated (tests/benchmarks/idiom_points.py): family=gpt2, build=cpu_to, mode=train, step=inference_mode, loss=nn, upcast=kept, returns=tuple, extra=buffer, dtype=float32."""
+
+import torch
+from own_model import Workload
+
+
+def Model():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(vocab_size=1000, n_positions=256, n_embd=128, n_layer=2,
+                                      n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+                                      attn_pdrop=0.0))
+
+
+def point(config):
+    model = Model().to(device=config.device, dtype=config.dtype)
+    model.train()
+    make_inputs = lambda: torch.randint(0, 1000, (config.batch, 64), device=config.device)
+
+    def step(model, inputs):
+        with torch.inference_mode():
+            out = model(input_ids=inputs)
+            return out.logits, out.logits.argmax(-1)
+
+    return Workload(model, make_inputs, step=step)
