@@ -305,14 +305,47 @@ def test_verify_on_a_folder_holding_the_zip_says_it_is_not_a_kit_folder(repo, tm
 # ---------------------------------------------------------------- the kit's Pythons, nox's noise
 
 
-def test_a_kit_python_nox_cannot_find_fails_the_kit_session(repo, tmp_path, monkeypatch):
-    """Outside CI too: a missing kit interpreter is a failure, never a skip that exits 0."""
-    monkeypatch.delenv("CI", raising=False)  # nox errors on CI by itself; not on yours
+def test_a_missing_kit_python_is_skipped_in_one_line_on_a_users_machine(repo, tmp_path, monkeypatch):
+    """A user's machine has one Python: a kit Python nox cannot find is a skip, said in one
+    line that names it and why, and the session exits 0 (nox's own convention)."""
+    monkeypatch.delenv("CI", raising=False)
     mine = user_python(tmp_path / "mine")
     result = nox(repo, "-s", "kit", "--force-python", "3.99", path=[mine.parent])
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "3.99" in line or "CI" in line]
+    assert said == [
+        "nox > Running session kit-3.99",
+        "nox > Session kit-3.99 skipped: Python interpreter 3.99 not found "
+        "(outside CI a missing kit Python is skipped; CI=true makes it an error)",
+    ]
+
+
+@pytest.mark.parametrize("flags", [["--error-on-missing-interpreters"], []])
+def test_on_ci_a_missing_kit_python_fails_the_kit_session(repo, tmp_path, monkeypatch, flags):
+    """CI (CI set, as .ci/run sets it, or nox's own flag) fails on a missing kit Python."""
+    if flags:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", "true")
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, "-s", "kit", "--force-python", "3.99", *flags, path=[mine.parent])
     assert result.returncode == 1, result.stderr
     assert "Session kit-3.99 failed: Python interpreter 3.99 not found." in result.stderr
     assert "skipped" not in result.stderr
+
+
+def test_ci_runs_make_test_with_ci_set_even_where_the_caller_did_not(repo, tmp_path):
+    """.ci/run is CI's entry point: run by hand, it still fails on a missing kit Python."""
+    shutil.copytree(ROOT / ".ci", repo / ".ci")
+    fake = tmp_path / "fake"
+    executable(fake / "make", '#!/bin/sh\necho "CI=${CI-unset} make $*"\nexit 1\n')
+    environ = {k: v for k, v in os.environ.items() if k != "CI"}
+    environ["PATH"] = os.pathsep.join([str(fake), os.defpath])
+    done = subprocess.run(
+        [str(repo / ".ci" / "run")], env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == ["CI=true make test"]
 
 
 def test_no_session_says_uv_binary_not_found(repo, tmp_path):
