@@ -305,7 +305,7 @@ def test_verify_on_a_folder_holding_the_zip_says_it_is_not_a_kit_folder(repo, tm
 # ---------------------------------------------------------------- the kit's Pythons, nox's noise
 
 
-def test_a_missing_kit_python_is_skipped_in_one_line_on_a_users_machine(repo, tmp_path, monkeypatch):
+def test_a_missing_kit_python_is_skipped_in_one_line_outside_ci(repo, tmp_path, monkeypatch):
     """A user's machine has one Python: a kit Python nox cannot find is a skip, said in one
     line that names it and why, and the session exits 0 (nox's own convention)."""
     monkeypatch.delenv("CI", raising=False)
