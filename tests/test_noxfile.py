@@ -238,16 +238,50 @@ def test_every_stage_session_exits_with_the_stages_own_code(repo, tmp_path, sess
         ("merge", ["a.csv", "b.csv"]),
         ("cost", []),
         ("report", []),
+        ("predict", []),
+        ("predict", ["--task", "training"]),
     ],
 )
 def test_a_session_without_its_arguments_exits_2_in_one_line(repo, tmp_path, session, args):
     stand_in = echo_python(tmp_path / "bin")
-    flags = ["--no-venv"] if session == "report" else []  # the check comes before any install
+    # the check comes before any install
+    flags = ["--no-venv"] if session in ("report", "predict") else []
     result = nox(repo, *flags, "-s", session, "--", *args, path=[stand_in.parent])
     assert result.returncode == 2
     [line] = error_lines(result, session)
     assert line.startswith(f"nox -s {session}: error: usage: nox -s {session} -- ")
     assert "arg: " not in result.stdout  # no stage was started
+
+
+def test_predict_runs_the_model_estimate(repo, tmp_path):
+    """`nox -s predict` is own_model.py's estimate, not the kit's weights-only calculator."""
+    stand_in = echo_python(tmp_path / "bin")
+    args = ["--hf-config", "config.json", "--task", "training", "--gpu", "h200"]
+    result = nox(repo, "--no-venv", "-s", "predict", "--", *args, path=[stand_in.parent])
+    assert result.returncode == 0, result.stderr
+    said = [line.removeprefix("arg: ") for line in result.stdout.splitlines()[1:]]
+    assert said == ["-m", "pipeline.measuring.own_model", "estimate", *args]
+
+
+def test_nox_l_says_which_estimate_is_which_in_whole_sentences(repo, tmp_path):
+    """`nox -l` shows each session's docstring up to its first line break: each must be one
+    whole line; the model estimate has its session, and the kit's calculator says what it is."""
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, "-l", path=[mine.parent])
+    assert result.returncode == 0, result.stderr
+    listed = dict(
+        line[2:].split(" -> ", 1) for line in result.stdout.splitlines() if " -> " in line
+    )
+    assert listed["predict"] == (
+        "Predict a model's GPU memory, no GPU: `-- --hf-config config.json --task training`."
+    )
+    assert listed["estimate"] == (
+        "The kit's weights-only calculator (no model): `-- --parameters N --bits B`."
+    )
+    noxfile = load_noxfile()
+    for name, description in listed.items():
+        function = getattr(noxfile, name.split("-3.")[0].replace("-", "_"))
+        assert function.__doc__.split("\n\n")[0] == description, name
 
 
 def test_a_bad_argument_exits_2_with_the_stages_own_line(repo, tmp_path):
