@@ -85,7 +85,7 @@ def test_the_evidence_is_one_page_and_the_guides_cite_no_run_folder():
 
 
 @pytest.mark.parametrize(
-    "page", sorted(p.name for p in DOCS.glob("*.md")) + ["../README.md"], ids=str
+    "page", [*sorted(p.name for p in DOCS.glob("*.md")), "../README.md"], ids=str
 )
 def test_every_link_of_a_page_leads_to_a_file_that_exists(page):
     path = (DOCS / page).resolve()
