@@ -850,10 +850,9 @@ def estimate_headline(prediction: dict, gpu: str) -> list[str]:
     if status == PredictionStatus.EXACT:
         why = "every operator call is covered by the calibration; the GPU must show these bytes"
         return [first, f"exact: {why}"]
-    unknown = prediction["unknown"]
-    names = ", ".join(entry["op"] for entry in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
-    plural = "s" if len(unknown) != 1 else ""
-    why = f"{len(unknown)} operator{plural} not calibrated ({names})"
+    unknown = [entry["op"] for entry in prediction["unknown"]]
+    more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+    why = f"the calibration does not cover {', '.join(unknown[:3])}{more}"
     if "bounds" in prediction:
         why += "; fit sizes the GPU by the upper bound"
     elif "unbounded" in prediction:
