@@ -7,7 +7,8 @@ TOOLS := .tools
 NOX := $(if $(shell command -v nox 2>/dev/null),nox,$(TOOLS)/bin/nox)
 NOX_PIN := nox==2026.10.20
 # With pyenv, the kit's Pythons 3.10-3.13 are put on PATH for the tests, as CI does (see
-# .ci/kit-pythons); a kit Python nox cannot find fails `make test`.
+# .ci/kit-pythons). A kit Python nox cannot find is skipped in one line; with CI set (as
+# .ci/run sets it) it fails `make test`.
 KIT_PYENV = $(shell .ci/kit-pythons 2>/dev/null)
 
 .DEFAULT_GOAL := help

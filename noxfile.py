@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -32,8 +34,32 @@ nox.needs_version = ">=2026.10.20"  # CommandFailed.return_code
 nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "tests"]
-# A kit Python that cannot be found fails the kit session: it is never skipped in silence.
-nox.options.error_on_missing_interpreters = True
+# A kit Python that cannot be found fails the kit session on CI (CI set, or nox's
+# --error-on-missing-interpreters): nox's own default. On a machine with one Python, the kit
+# sessions of the others are skipped, each in one line that says why (MissingKitPython).
+# nox never downloads a Python here: the kit is tested on the Pythons you have.
+nox.options.download_python = "never"
+
+
+class MissingKitPython(logging.Filter):
+    """nox's skip of a session whose Python is missing, in one line that says it is no error
+    here and what makes it one (nox's own "Missing interpreters will error by default on CI
+    systems." before each skip is left out)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message == "Missing interpreters will error by default on CI systems.":
+            return False
+        if message.startswith("Session ") and " skipped: Python interpreter " in message:
+            record.msg = (
+                f"{message.removesuffix('.')} (outside CI a missing kit Python is skipped; "
+                "CI=true makes it an error)"
+            )
+            record.args = ()
+        return True
+
+
+nox.logger.logger.addFilter(MissingKitPython())
 
 # nox asks for uv on every session, to learn which environment backends exist, and logs
 # "uv binary not found." when there is none. No session here uses uv: where uv is absent
@@ -144,19 +170,21 @@ def run_stage(
     module: str,
     *leading: str,
     usage: str | None = None,
-    needs: str | None = None,
+    needs: str | tuple[str, ...] | None = None,
     group: str | None = None,
     runs_dir: bool = False,
+    install: Callable[[nox.Session], None] | None = None,
 ) -> None:
     """Run a stage's module with the session's arguments and exit with the stage's own code:
     nox alone ends every failure with 1, and README promises 1 invalid, 2 bad input, 3 out of
-    memory. Without the arguments `usage` describes (any, or the option `needs`): exit 2.
-    A session with a venv installs `group` there; one without (or under `nox --no-venv`) runs
-    in user_python(), as it is.
+    memory. Without the arguments `usage` describes (any, or one of the options `needs`): exit
+    2. A session with a venv installs `group` there (or calls `install`); one without (or
+    under `nox --no-venv`) runs in user_python(), as it is.
     `runs_dir` passes $ITERAGPU_RUNS_DIR on as --runs-dir (benchmarks and tests use it)."""
     args = list(session.posargs)
     given = {arg.split("=")[0] for arg in args}
-    if usage is not None and (needs not in given if needs else not args):
+    options = (needs,) if isinstance(needs, str) else needs
+    if usage is not None and (given.isdisjoint(options) if options else not args):
         refuse(session, f"usage: nox -s {session.name} -- {usage}")
     if session.venv_backend == "none":
         python = user_python(session)
@@ -164,6 +192,8 @@ def run_stage(
         python = "python"
         if group:
             install_once(session, group)
+        if install:
+            install(session)
     if runs_dir and os.environ.get("ITERAGPU_RUNS_DIR"):
         args = ["--runs-dir", os.environ["ITERAGPU_RUNS_DIR"], *args]
     # Relative paths are your shell's: a stage runs where nox was started (nox itself moves to
@@ -242,8 +272,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(name="gpu-tests", venv_backend="none")
 def gpu_tests(session: nox.Session) -> None:
-    """The GPU tests on your GPU Python (pytest and pytest-xdist installed there): those
-    that share the GPU on 8 processes at once, then those that run it to out-of-memory, alone."""
+    """Run the GPU tests on your GPU Python: those that share the GPU, then the whole-GPU ones.
+
+    Your GPU Python needs pytest and pytest-xdist: the tests that share the GPU run on 8
+    processes at once, then those that run it to out-of-memory, alone."""
     python = user_python(session)
     check = subprocess.run([python, "-c", "import pytest, xdist, torch"], capture_output=True)
     if check.returncode:
@@ -304,9 +336,34 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+@nox.session
+def predict(session: nox.Session) -> None:
+    """Predict a model's GPU memory, no GPU: `-- --hf-config config.json --task training`.
+
+    own_model.py estimate, in a venv of its own: the CPU torch (as the tests session installs
+    it, never a CUDA build), then the `predict` extra's pins (transformers, peft, jsonschema,
+    pyyaml). `-- --workload FILE.py:FUNCTION ...` predicts your own PyTorch model."""
+    usage = (
+        "--hf-config config.json|--workload FILE.py:FUNCTION [--task training|lora|inference"
+        "|generate] [--dtype bfloat16 --batch 4 --dim sequence=2048 --gpu h200 --json]"
+    )
+
+    def install(session: nox.Session) -> None:
+        install_cpu_torch(session)
+        install_once(session, "predict")
+
+    run_stage(
+        session, "pipeline.measuring.own_model", "estimate", usage=usage,
+        needs=("--hf-config", "--workload"), install=install,
+    )  # fmt: skip
+
+
 @nox.session(venv_backend="none")
 def estimate(session: nox.Session) -> None:
-    """Estimate weight memory without a GPU: `-- --parameters N --bits B [--reserve-gib R]`."""
+    """The kit's weights-only calculator (no model): `-- --parameters N --bits B`.
+
+    `[--reserve-gib R]` adds a reserve. For a model's memory, with its activations and
+    optimizer, `nox -s predict`."""
     usage = "--parameters N --bits B [--reserve-gib R]"
     run_stage(session, "kit.mesure_memoire", "estimate", usage=usage)
 

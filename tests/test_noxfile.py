@@ -238,16 +238,50 @@ def test_every_stage_session_exits_with_the_stages_own_code(repo, tmp_path, sess
         ("merge", ["a.csv", "b.csv"]),
         ("cost", []),
         ("report", []),
+        ("predict", []),
+        ("predict", ["--task", "training"]),
     ],
 )
 def test_a_session_without_its_arguments_exits_2_in_one_line(repo, tmp_path, session, args):
     stand_in = echo_python(tmp_path / "bin")
-    flags = ["--no-venv"] if session == "report" else []  # the check comes before any install
+    # the check comes before any install
+    flags = ["--no-venv"] if session in ("report", "predict") else []
     result = nox(repo, *flags, "-s", session, "--", *args, path=[stand_in.parent])
     assert result.returncode == 2
     [line] = error_lines(result, session)
     assert line.startswith(f"nox -s {session}: error: usage: nox -s {session} -- ")
     assert "arg: " not in result.stdout  # no stage was started
+
+
+def test_predict_runs_the_model_estimate(repo, tmp_path):
+    """`nox -s predict` is own_model.py's estimate, not the kit's weights-only calculator."""
+    stand_in = echo_python(tmp_path / "bin")
+    args = ["--hf-config", "config.json", "--task", "training", "--gpu", "h200"]
+    result = nox(repo, "--no-venv", "-s", "predict", "--", *args, path=[stand_in.parent])
+    assert result.returncode == 0, result.stderr
+    said = [line.removeprefix("arg: ") for line in result.stdout.splitlines()[1:]]
+    assert said == ["-m", "pipeline.measuring.own_model", "estimate", *args]
+
+
+def test_nox_l_says_which_estimate_is_which_in_whole_sentences(repo, tmp_path):
+    """`nox -l` shows each session's docstring up to its first line break: each must be one
+    whole line; the model estimate has its session, and the kit's calculator says what it is."""
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, "-l", path=[mine.parent])
+    assert result.returncode == 0, result.stderr
+    listed = dict(
+        line[2:].split(" -> ", 1) for line in result.stdout.splitlines() if " -> " in line
+    )
+    assert listed["predict"] == (
+        "Predict a model's GPU memory, no GPU: `-- --hf-config config.json --task training`."
+    )
+    assert listed["estimate"] == (
+        "The kit's weights-only calculator (no model): `-- --parameters N --bits B`."
+    )
+    noxfile = load_noxfile()
+    for name, description in listed.items():
+        function = getattr(noxfile, name.split("-3.")[0].replace("-", "_"))
+        assert function.__doc__.split("\n\n")[0] == description, name
 
 
 def test_a_bad_argument_exits_2_with_the_stages_own_line(repo, tmp_path):
@@ -305,14 +339,47 @@ def test_verify_on_a_folder_holding_the_zip_says_it_is_not_a_kit_folder(repo, tm
 # ---------------------------------------------------------------- the kit's Pythons, nox's noise
 
 
-def test_a_kit_python_nox_cannot_find_fails_the_kit_session(repo, tmp_path, monkeypatch):
-    """Outside CI too: a missing kit interpreter is a failure, never a skip that exits 0."""
-    monkeypatch.delenv("CI", raising=False)  # nox errors on CI by itself; not on yours
+def test_a_missing_kit_python_is_skipped_in_one_line_outside_ci(repo, tmp_path, monkeypatch):
+    """A user's machine has one Python: a kit Python nox cannot find is a skip, said in one
+    line that names it and why, and the session exits 0 (nox's own convention)."""
+    monkeypatch.delenv("CI", raising=False)
     mine = user_python(tmp_path / "mine")
     result = nox(repo, "-s", "kit", "--force-python", "3.99", path=[mine.parent])
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "3.99" in line or "CI" in line]
+    assert said == [
+        "nox > Running session kit-3.99",
+        "nox > Session kit-3.99 skipped: Python interpreter 3.99 not found "
+        "(outside CI a missing kit Python is skipped; CI=true makes it an error)",
+    ]
+
+
+@pytest.mark.parametrize("flags", [["--error-on-missing-interpreters"], []])
+def test_on_ci_a_missing_kit_python_fails_the_kit_session(repo, tmp_path, monkeypatch, flags):
+    """CI (CI set, as .ci/run sets it, or nox's own flag) fails on a missing kit Python."""
+    if flags:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", "true")
+    mine = user_python(tmp_path / "mine")
+    result = nox(repo, "-s", "kit", "--force-python", "3.99", *flags, path=[mine.parent])
     assert result.returncode == 1, result.stderr
     assert "Session kit-3.99 failed: Python interpreter 3.99 not found." in result.stderr
     assert "skipped" not in result.stderr
+
+
+def test_ci_runs_make_test_with_ci_set_even_where_the_caller_did_not(repo, tmp_path):
+    """.ci/run is CI's entry point: run by hand, it still fails on a missing kit Python."""
+    shutil.copytree(ROOT / ".ci", repo / ".ci")
+    fake = tmp_path / "fake"
+    executable(fake / "make", '#!/bin/sh\necho "CI=${CI-unset} make $*"\nexit 1\n')
+    environ = {k: v for k, v in os.environ.items() if k != "CI"}
+    environ["PATH"] = os.pathsep.join([str(fake), os.defpath])
+    done = subprocess.run(
+        [str(repo / ".ci" / "run")], env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == ["CI=true make test"]
 
 
 def test_no_session_says_uv_binary_not_found(repo, tmp_path):

@@ -15,6 +15,7 @@ import importlib.util
 import io
 import itertools
 import json
+import math
 import sys
 
 import pytest
@@ -1088,7 +1089,7 @@ def test_on_a_terminal_the_estimate_says_which_phase_it_traces_then_clears_the_l
         "own_model.py: tracing warm_step 2", "own_model.py: predicting: replaying the trace",
     ]  # fmt: skip
     assert all(line.endswith(" s") for line in lines)
-    assert out.startswith("predicted PyTorch allocator counters")  # the answer, unchanged
+    assert out.startswith("peak reserved ")  # the answer, unchanged
 
 
 # ------------------------------------------------------------------ facts for validate.py
@@ -1235,3 +1236,101 @@ def test_a_gpu_and_a_calibration_file_are_one_or_the_other(tmp_path):
         "own_model.py: error: argument --calibration: not allowed with argument --gpu\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["measured.json"]
+
+
+# ------------------------------------------------------------------ estimate's text, exit codes
+
+
+def headline(out: str) -> list[str]:
+    """The text's first two lines: the peak reserved in GiB or MiB, then why it is so."""
+    return out.splitlines()[:2]
+
+
+def test_the_estimates_text_starts_with_the_peak_reserved_its_bounds_and_the_gpu(capsys, tmp_path):
+    """A person reads the text: the answer comes first, in GiB (MiB below 1 GiB), with the
+    bounds an approximate prediction has (the lower rounded down, the upper up), the GPU it
+    is for, and why it is approximate; the rows of bytes follow."""
+    path = workload(tmp_path, MLP_ADAMW)
+    spec = f"{path}:mlp"
+    prediction = estimate_json(capsys, spec)["prediction"]
+    assert prediction["status"] == "approximate"  # no calibration: cuBLAS's workspaces unknown
+    assert own_model.main(estimate(spec)) == 0
+    out = capsys.readouterr().out
+    peak = prediction["largest_peak_reserved_bytes"]
+    lower = max(row["peak_reserved_bytes"]["lower"] for row in prediction["bounds"]["phases"])
+    upper = max(row["peak_reserved_bytes"]["upper"] for row in prediction["bounds"]["phases"])
+    assert [entry["op"] for entry in prediction["unknown"]] == ["aten.addmm", "aten.mm"]
+    assert headline(out) == [
+        f"peak reserved {peak / MIB:.1f} MiB ({math.floor(lower / MIB * 10) / 10:.1f} MiB to "
+        f"{math.ceil(upper / MIB * 10) / 10:.1f} MiB), approximate, for no GPU in particular "
+        "(no calibration: --gpu h200 gives the H200's)",
+        "approximate: the calibration does not cover aten.addmm, aten.mm; fit sizes the GPU by "
+        "the upper bound",
+    ]
+    assert out.splitlines()[2] == (
+        "predicted PyTorch allocator counters, bytes (baseline / end / peak)"
+    )
+
+
+def test_an_estimate_for_the_h200_says_so_and_that_it_is_exact(capsys, tmp_path):
+    path = workload(tmp_path, LINEAR)
+    assert own_model.main(estimate(f"{path}:linear", "--gpu", "h200")) == 0
+    assert headline(capsys.readouterr().out) == [
+        "peak reserved 34.0 MiB, exact, for the NVIDIA H200",
+        "exact: every operator call is covered by the calibration; the GPU must show these bytes",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "shown"),
+    [(36_000_000_000, "33.5 GiB"), (2**30, "1.0 GiB"), (35_651_584, "34.0 MiB"), (0, "0.0 MiB")],
+)
+def test_sizes_are_read_in_gib_or_mib(nbytes, shown):
+    assert own_model.in_gib(nbytes) == shown
+
+
+def test_an_exact_estimate_says_so_and_that_every_call_is_covered():
+    document = {
+        "prediction": {
+            "status": "exact", "unknown": [], "largest_peak_reserved_bytes": 36_000_000_000,
+            "phases": [], "trace": {"device": "meta", "torch": "2.13.0+cpu"},
+            "calibration": "h200.json",
+        }
+    }  # fmt: skip
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        own_model.print_estimate(document, "the NVIDIA H200")
+    assert headline(out.getvalue()) == [
+        "peak reserved 33.5 GiB, exact, for the NVIDIA H200",
+        "exact: every operator call is covered by the calibration; the GPU must show these bytes",
+    ]
+
+
+def test_a_failure_of_the_tools_own_trace_writes_the_document_and_exits_1(
+    capsys, tmp_path, monkeypatch
+):
+    """Not the user's code: the tool's. The document says why, and the exit code is 1."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("tracer broke")
+
+    monkeypatch.setattr(tp, "run_trace", broken)
+    path = workload(tmp_path, LINEAR)
+    assert own_model.main(estimate(f"{path}:linear", "--json")) == 1
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert validate.validate_document(document, REGISTRY) == []
+    assert document["prediction"]["status"] == "not predicted"
+    assert document["prediction"]["reason"] == (
+        "the trace itself failed (RuntimeError): not predicted"
+    )
+    assert "RuntimeError: tracer broke" in captured.err
+    assert captured.err.splitlines()[-1] == (
+        "own_model.py: the trace itself failed (RuntimeError), the tool's own failure, not "
+        "your model's (traceback above): not predicted"
+    )
+    assert own_model.main(estimate(f"{path}:linear")) == 1
+    assert headline(capsys.readouterr().out) == [
+        "peak reserved: not predicted",
+        "not predicted: the trace itself failed (RuntimeError): not predicted",
+    ]

@@ -46,16 +46,16 @@ except ImportError as exc:  # the GPU host's Python may lack them: say what to i
     )
     raise SystemExit(2) from None
 
-from pipeline.core import cli, phase_protocol, workload_kinds
+from pipeline.core import cli, phase_protocol, places, workload_kinds
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
 from pipeline.predicting.trace_prediction import PredictionStatus
 from pipeline.workloads import decoder_rules, own_model_facts, seed_network
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMAS = ROOT / "schemas"
-KIT_GRID = ROOT / "data" / "resultats-bruts.csv"  # the kit's empty grid: the logs' header
-PROTOCOL = ROOT / "data" / "protocole-qualite.md"
+SCHEMAS = places.folder("schemas")
+KIT_GRID = places.folder("data") / "resultats-bruts.csv"  # the kit's empty grid: the logs' header
+PROTOCOL = places.folder("data") / "protocole-qualite.md"
 ENVIRONMENT = "urn:iteragpu-lab:schema:environment:v1"
 MEASUREMENTS = workload_kinds.NETWORK.schemas
 DECODER = decoder_rules.SCHEMA

@@ -14,9 +14,9 @@ import re
 import secrets
 from pathlib import Path
 
-from pipeline.core import cli
+from pipeline.core import cli, places
 
-RUNS = Path(__file__).resolve().parents[2] / "runs"
+RUNS = places.runs()
 LOG_NAME = "resultats-bruts.csv"
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}")
 

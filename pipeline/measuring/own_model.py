@@ -34,6 +34,7 @@ import importlib.util
 import inspect
 import itertools
 import json
+import math
 import pickle
 import re
 import sys
@@ -776,15 +777,21 @@ def measure(args, gpu: Gpu) -> int:
 # ---------------------------------------------------------------- estimate (no GPU)
 
 
+# The trace_workload() reason when the trace failed in the tool's own code, not the workload's.
+TRACE_FAILED = "the trace itself failed"
+NO_GPU = "no GPU in particular (no calibration: --gpu h200 gives the H200's)"
+
+
 def estimate(args) -> int:
     setting = setting_from(args)
-    calibration, source, target = None, None, None
+    calibration, source, target, gpu = None, None, None, NO_GPU
     if args.gpu is not None:
         calibration, facts = gpu_calibration.load(args.gpu)
         source = calibration.source
         target = gpu_calibration.target(facts)
+        gpu = f"the {facts['gpu']['name']}"
     if args.calibration is not None:
-        calibration, source = read_calibration(Path(args.calibration))
+        calibration, source, gpu = read_calibration(Path(args.calibration))
     torch = environment_capture.import_torch()
     say = cli.progress_line("own_model.py")
     try:
@@ -815,7 +822,14 @@ def estimate(args) -> int:
     if args.json:
         print(json.dumps(document, indent=2))
     else:
-        print_estimate(document)
+        print_estimate(document, gpu)
+    if (trace.stopped or "").startswith(TRACE_FAILED):  # the tool's failure: never a success
+        print(
+            f"own_model.py: {trace.stopped.removesuffix(': not predicted')}, the tool's own "
+            "failure, not your model's (traceback above): not predicted",
+            file=sys.stderr,
+        )
+        return cli.INVALID
     return cli.OK
 
 
@@ -833,12 +847,51 @@ def read_calibration(path: Path):
     calibration = trace_prediction.Calibration.from_json(document, path.name)
     gpu = document["environment"]["gpu"].get("name")
     version = document["environment"]["torch"].get("version")
-    return calibration, f"{path.name} ({gpu}, torch {version})"
+    return calibration, f"{path.name} ({gpu}, torch {version})", f"the {gpu} of {path.name}"
 
 
-def print_estimate(document: dict) -> None:
+def in_gib(nbytes: int, rounding: Callable[[float], float] = round) -> str:
+    """A size as a person reads it: GiB from 1 GiB up, MiB below, one decimal, `rounding`
+    (math.floor for a lower bound, math.ceil for an upper one) to that decimal."""
+    unit, size = ("GiB", 2**30) if nbytes >= 2**30 else ("MiB", 2**20)
+    return f"{rounding(nbytes / size * 10) / 10:.1f} {unit}"
+
+
+def estimate_headline(prediction: dict, gpu: str) -> list[str]:
+    """The answer first: the peak reserved (the GPU memory PyTorch holds), its bounds where
+    approximate, the GPU it is for; then exact or approximate, and why, in one line."""
+    status = prediction["status"]
+    if status == PredictionStatus.NOT_PREDICTED:
+        return ["peak reserved: not predicted", f"not predicted: {prediction.get('reason')}"]
+    peak = prediction["largest_peak_reserved_bytes"]
+    shown = in_gib(peak)
+    if "bounds" in prediction:
+        rows = prediction["bounds"]["phases"]
+        lower = max(row["peak_reserved_bytes"]["lower"] for row in rows)
+        upper = max(row["peak_reserved_bytes"]["upper"] for row in rows)
+        shown += f" ({in_gib(lower, math.floor)} to {in_gib(upper, math.ceil)})"
+    elif "unbounded" in prediction:
+        shown += " (no upper bound)"
+    first = f"peak reserved {shown}, {status}, for {gpu}"
+    if status == PredictionStatus.EXACT:
+        why = "every operator call is covered by the calibration; the GPU must show these bytes"
+        return [first, f"exact: {why}"]
+    unknown = [entry["op"] for entry in prediction["unknown"]]
+    more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+    why = f"the calibration does not cover {', '.join(unknown[:3])}{more}"
+    if "bounds" in prediction:
+        why += "; fit sizes the GPU by the upper bound"
+    elif "unbounded" in prediction:
+        why += f"; {prediction['unbounded']}"
+    return [first, f"approximate: {why}"]
+
+
+def print_estimate(document: dict, gpu: str = NO_GPU) -> None:
     prediction = document["prediction"]
-    print("predicted PyTorch allocator counters, bytes (baseline / end / peak)")
+    for line in estimate_headline(prediction, gpu):
+        print(line)
+    if prediction["phases"]:
+        print("predicted PyTorch allocator counters, bytes (baseline / end / peak)")
     for row in prediction["phases"]:
         print(
             f"{row['phase']:<15} allocated {row['baseline_allocated_bytes']:>14} "

@@ -40,12 +40,12 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.core import cli
+from pipeline.core import cli, places
 from pipeline.core.call_keys import form, layout, rule_key, sizes, within  # noqa: F401 (gc.form... stay)
 from pipeline.predicting import attention_choice, kernel_formulas, reduce_scratch, trace_prediction
 
 SCHEMA = "iteragpu-lab/gpu-calibration/v1"
-FOLDER = Path(__file__).resolve().parents[2] / "calibrations"
+FOLDER = places.folder("calibrations")
 # The GPUs `--gpu` knows: name -> (calibration file, what the attention rule needs)
 KNOWN = {"h200": "nvidia-h200-torch-2.11.0+cu130.json"}
 # Matrix products: cuBLAS/cuBLASLt workspaces only (see the module's docstring).
