@@ -46,7 +46,7 @@ except ImportError as exc:  # the GPU host's Python may lack them: say what to i
     )
     raise SystemExit(2) from None
 
-from pipeline.core import cli, phase_protocol, workload_kinds
+from pipeline.core import cli, json_input, phase_protocol, workload_kinds
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
 from pipeline.predicting.trace_prediction import PredictionStatus
@@ -116,16 +116,10 @@ def schema_by_place(path: Path) -> str | None:
 
 
 def load_json(data: bytes | str):
-    """Standard JSON only. NaN and Infinity are refused, and so is nesting deeper than Python
-    can parse: both raise ValueError, as any other text that is not JSON does."""
-
-    def refuse(name: str):
-        raise ValueError(f"{name} is not a JSON number")
-
-    try:
-        return json.loads(data, parse_constant=refuse)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
+    """Standard JSON only (json_input.py): NaN and Infinity are refused, and so are a key given
+    twice in one object and nesting deeper than Python can parse: each raises ValueError, as
+    any other text that is not JSON does."""
+    return json_input.loads(data, max_depth=None)
 
 
 def load_registry(folder: Path = SCHEMAS) -> Registry:
