@@ -202,7 +202,7 @@ def over_budget(built, task: str, dims: dict, batch: int, steps: int, budget: in
         tokens = max(1, (side // patch) ** 2)
         candidates = {"the images": batch * getattr(built, "num_channels", 3) * side * side}
     else:
-        tokens = dims.get("sequence", 1) + dims.get("new_tokens", 1)
+        tokens = dims.get("sequence", 1) + (dims.get("new_tokens", 1) - 1)
         candidates = {"the logits": batch * tokens * vocab, "the embedding": vocab * width}
     candidates["the attention scores"] = batch * heads * tokens * tokens
     candidates["the feed-forward activations"] = batch * tokens * max(ffn, width)
