@@ -6,6 +6,7 @@ apply the same rules (validate.py), and refuse or leave out such a file in one l
 from __future__ import annotations
 
 import json
+import time
 import shutil
 from pathlib import Path
 
@@ -140,3 +141,33 @@ def test_record_onto_a_log_that_is_a_folder_says_so_in_words(tmp_path):
     result = run_script("record.py", str(folder))
     assert result.returncode == 2
     assert result.stderr == f"record.py: error: {tmp_path / 'resultats-own.csv'}: is a directory\n"
+
+
+TARIFFS = ROOT / "data" / "tarifs-forfaits.csv"
+
+
+def test_a_tariff_price_of_ten_to_the_thirty_cents_is_refused(tmp_path):
+    lines = TARIFFS.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace(",79056,", "," + "1" + "0" * 30 + ",")
+    path = tmp_path / "tarifs-forfaits.csv"
+    path.write_text("".join(lines))
+    result = run_script("calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3")
+    assert (result.returncode, result.stdout) == (2, ""), result.stdout
+    assert result.stderr == (
+        f"calcul_forfaits.py: error: {path}:2: lot_price_cents must be a positive integer of USD "
+        f"cents, at most 999999999999 (12 digits), got '1{'0' * 30}'\n"
+    )
+
+
+def test_a_tariff_of_a_million_rows_is_refused_from_its_size(tmp_path):
+    lines = TARIFFS.read_text().splitlines(keepends=True)
+    path = tmp_path / "tarifs-forfaits.csv"
+    path.write_text(lines[0] + lines[1] * 10**6)
+    started = time.monotonic()
+    result = run_script("calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3")
+    assert time.monotonic() - started < 10  # 16.6 s and 1.27 GB before the limit
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"calcul_forfaits.py: error: tariff file {path}: over the limit of 1048576 bytes (a grid "
+        "is a few kB)\n"
+    )
