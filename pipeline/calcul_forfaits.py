@@ -47,9 +47,12 @@ COLUMNS = {
     "gpu": (r"[a-z0-9][a-z0-9-]*", "a lowercase id (a-z, 0-9, '-')"),
     "name": (r"\S(.*\S)?", "a name without leading or trailing spaces"),
     "gpus_per_lot": (r"[1-9][0-9]*", "a positive integer"),
-    "memory_gib_per_gpu": (r"[1-9][0-9]*", "a positive integer of GiB"),
+    "memory_gib_per_gpu": (r"[1-9][0-9]{0,3}", "a positive integer of GiB, at most 9999"),
     "days": (r"3|7|30", "3, 7 or 30"),
-    "lot_price_cents": (r"[1-9][0-9]*", "a positive integer of USD cents"),
+    "lot_price_cents": (
+        r"[1-9][0-9]{0,11}",
+        "a positive integer of USD cents, at most 999999999999 (12 digits)",
+    ),
     "currency": (r"USD", "USD (no currency conversion)"),
     "price_status": (r"illustrative|catalogue", "'illustrative' or 'catalogue'"),
     "snapshot_date": (r"[0-9]{4}-[0-9]{2}-[0-9]{2}", "a date YYYY-MM-DD"),
@@ -226,13 +229,23 @@ def load_tariffs(path, shown=None):
     }
 
 
+# The grid is a few kB (a catalogue of a hundred models would be 30 kB): a larger file is
+# refused from its size, before it is read whole.
+MAX_TARIFF_BYTES = 1 << 20
+
+
 def _read_bytes(path, shown):
     """The file's bytes: the SHA-256 that every quote names is of these exact bytes."""
     try:
         with open(path, "rb") as file:
-            return file.read()
+            data = file.read(MAX_TARIFF_BYTES + 1)
     except OSError as error:
         raise InputError(f"cannot read tariff file {shown}: {error.strerror}") from None
+    if len(data) > MAX_TARIFF_BYTES:
+        raise InputError(
+            f"tariff file {shown}: over the limit of {MAX_TARIFF_BYTES} bytes (a grid is a few kB)"
+        )
+    return data
 
 
 def _read_rows(data, shown):

@@ -521,7 +521,7 @@ def test_help_is_exit_0(tmp_path):
 
 # file, line and reason; and what the row schema says: "row" a row fails it, "grid" every
 # row passes (the rule spans rows: the script checks it), "file" no rows to validate.
-CENTS = "lot_price_cents must be a positive integer of USD cents, got"
+CENTS = "lot_price_cents must be a positive integer of USD cents, at most 999999999999 (12 digits), got"
 BAD_FILES = [
     ("bad-missing-column.csv", 1, "missing column 'currency'", "row"),
     ("bad-unknown-column.csv", 1, "unknown column 'vat_included'", "row"),
@@ -536,7 +536,7 @@ BAD_FILES = [
     (
         "bad-memory-decimal.csv",
         2,
-        "memory_gib_per_gpu must be a positive integer of GiB, got '180.0'",
+        "memory_gib_per_gpu must be a positive integer of GiB, at most 9999, got '180.0'",
         "row",
     ),
     ("bad-gpu-uppercase.csv", 2, "gpu must be a lowercase id (a-z, 0-9, '-'), got 'B200'", "row"),

@@ -326,7 +326,7 @@ def test_a_workload_that_exits_is_refused_by_the_script(tmp_path):
         ("config, *, width", [], "width has no positive integer default"),
         ("config, *, scale=0.5", [], "scale has no positive integer default"),
         ("config, width=64", [], "linear must take the configuration as its only positional"),
-        ("config, *, width=64", ["--dim", "width=0"], "expected NAME=VALUE with a positive"),
+        ("config, *, width=64", ["--dim", "width=0"], "expected NAME=VALUE with VALUE a positive"),
     ],
     ids=["unknown", "twice", "no-default", "not-integer", "positional", "zero"],
 )  # fmt: skip

@@ -77,7 +77,7 @@ def bad_environment_folder(runs: Path, free: int, total: int | None = None) -> P
 
 
 @pytest.mark.parametrize(
-    ("free", "total"), [(150_109_880_320 + 50 * GIB, None), (2 * 10**15, 10**15)]
+    ("free", "total"), [(150_109_880_320 + 50 * GIB, None), (2 * 10**11, 10**11)]
 )
 def test_an_environment_with_more_free_than_total_changes_no_answer(tmp_path, free, total):
     runs = tmp_path / "runs"

@@ -187,8 +187,18 @@ def test_a_kit_zipped_again_and_altered_names_every_member_that_differs(kit, tmp
     assert "verify.py: note: directory entries" in captured.out  # layout still reported
 
 
-def test_files_beside_the_nine_in_a_zip_are_ignored_and_never_read(kit, tmp_path, capsys):
-    extra = [(FOLDER + "mesures.json", b"{}"), (FOLDER + "runs/r1/measurement.json", b"{}")]
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [(FOLDER + "mesures.json", b"{}"), (FOLDER + "runs/r1/measurement.json", b"{}")],
+        [(FOLDER + "extra.txt", b"x"), (FOLDER + "sitecustomize.py", b"import os\n")],
+    ],
+)
+def test_a_zip_with_files_beside_the_nine_is_not_the_kit_and_none_is_read(
+    kit, tmp_path, capsys, extra
+):
+    """The kit travels as nine members in one folder: a zip with more (a sitecustomize.py
+    beside the scripts runs with them) is refused, its extras named, nothing read."""
     path = write_zip(tmp_path / "k.zip", [*entries(kit), *extra])
     opened, original = [], zipfile.ZipFile.open
 
@@ -198,26 +208,33 @@ def test_files_beside_the_nine_in_a_zip_are_ignored_and_never_read(kit, tmp_path
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(zipfile.ZipFile, "open", recording)
-        assert run(kit, path) == 0
-    out = capsys.readouterr().out
-    assert (
-        "note: ignored, not kit members (never read): iteragpu-lab-v1/mesures.json, "
-        "iteragpu-lab-v1/runs/r1/measurement.json\n"
-    ) in out
-    assert sorted(opened) == sorted(FOLDER + name for name in verify.KIT_NAMES)
+        assert run(kit, path) == 1
+    captured = capsys.readouterr()
+    names = ", ".join(sorted(name for name, _ in extra))
+    assert captured.err == (
+        f"verify.py: FAIL k.zip: 2 file(s) besides the kit's 9 members, so not the kit (never "
+        f"read): {names}\n{path}: NOT intact (1 failed check(s))\n"
+    )
+    assert captured.out == ""
+    assert opened == []
 
 
 @pytest.mark.skipif(shutil.which("zip") is None, reason="no zip command here")
 def test_a_folder_zipped_again_with_zip_r_is_intact(kit, folder, tmp_path, capsys):
-    """The real tool: `zip -r` as a user would, with an output of theirs in the folder."""
-    (folder / "mesures.json").write_text("{}")
+    """The real tool: `zip -r` as a user would; with an output of theirs in the folder, the
+    zip is no longer the kit."""
     path = tmp_path / "again.zip"
     subprocess.run(["zip", "-qr", str(path), "iteragpu-lab-v1"], cwd=folder.parent, check=True)
     assert run(kit, path) == 0
     out = capsys.readouterr().out
     assert "note: directory entries (unzip makes the folders anyway): iteragpu-lab-v1/\n" in out
-    assert "note: ignored, not kit members (never read): iteragpu-lab-v1/mesures.json\n" in out
     assert "intact: 9 members match" in out
+    (folder / "mesures.json").write_text("{}")
+    path.unlink()
+    subprocess.run(["zip", "-qr", str(path), "iteragpu-lab-v1"], cwd=folder.parent, check=True)
+    assert run(kit, path) == 1
+    assert "so not the kit (never read): iteragpu-lab-v1/mesures.json\n" in capsys.readouterr().err
+    (folder / "mesures.json").unlink()
     (folder / "README.md").write_bytes(kit["members"]["README.md"].replace(b"Itera", b"Ultra", 1))
     path.unlink()
     subprocess.run(["zip", "-qr", str(path), "iteragpu-lab-v1"], cwd=folder.parent, check=True)

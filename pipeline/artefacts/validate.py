@@ -46,7 +46,7 @@ except ImportError as exc:  # the GPU host's Python may lack them: say what to i
     )
     raise SystemExit(2) from None
 
-from pipeline.core import cli, phase_protocol, places, workload_kinds
+from pipeline.core import cli, json_input, phase_protocol, places, workload_kinds
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
 from pipeline.predicting.trace_prediction import PredictionStatus
@@ -88,6 +88,8 @@ SKIPPED_SUFFIXES = {
     ".sh": "the script a GPU call ran, kept as it ran: no schema",
 }
 ARTEFACT, LOG, SKIPPED = "artefact", "log", "skipped"
+# An artefact is read whole: none the lab writes comes near (the largest committed, 7 MB).
+MAX_ARTEFACT_BYTES = 64 << 20
 GPU_PROBE = "urn:iteragpu-lab:schema:gpu-probe:v1"
 SDPA_CHOICES = "urn:iteragpu-lab:schema:sdpa-choices:v1"
 SEGMENT_ADDRESSES = "urn:iteragpu-lab:schema:segment-addresses:v1"
@@ -116,16 +118,10 @@ def schema_by_place(path: Path) -> str | None:
 
 
 def load_json(data: bytes | str):
-    """Standard JSON only. NaN and Infinity are refused, and so is nesting deeper than Python
-    can parse: both raise ValueError, as any other text that is not JSON does."""
-
-    def refuse(name: str):
-        raise ValueError(f"{name} is not a JSON number")
-
-    try:
-        return json.loads(data, parse_constant=refuse)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
+    """Standard JSON only (json_input.py): NaN and Infinity are refused, and so are a key given
+    twice in one object and nesting deeper than Python can parse: each raises ValueError, as
+    any other text that is not JSON does."""
+    return json_input.loads(data, max_depth=None)
 
 
 def load_registry(folder: Path = SCHEMAS) -> Registry:
@@ -383,19 +379,98 @@ def decoder_prediction_facts(prediction: dict, phases: list[dict]) -> list[str]:
     ) + own_model_facts.mismatches("$.summary.prediction", prediction, largest)
 
 
+# What a GPU's total memory can be, as PyTorch reports it: at least MIN_GPU_MEMORY_BYTES (no
+# GPU the lab measures has less; a MIG slice has 10 GB) and at most the nominal memory of its
+# model taken as GiB (PyTorch saw 139.80 GiB of the H200's nominal 141 and 79.19 of the
+# H100's 80): the figure in its name ("NVIDIA H100 80GB HBM3"), else GPU_NOMINAL_GIB's,
+# else MAX_GPU_MEMORY_BYTES for a model the lab does not know (the largest has 288 GB).
+MIN_GPU_MEMORY_BYTES, MAX_GPU_MEMORY_BYTES = 1 << 30, 1 << 40
+GPU_NOMINAL_GIB = {
+    "H200": 141, "B200": 180, "B300": 288, "H100": 94, "GH200": 144, "A100": 80, "H20": 96,
+    "L40S": 48, "L40": 48, "L4": 24, "A10G": 24, "A10": 24, "T4": 16, "V100": 32,
+    "MI300X": 192, "MI325X": 256, "MI355X": 288, "MI250X": 128,
+}  # fmt: skip
+
+
+def gpu_memory_limit(name: str) -> tuple[int, str]:
+    """The most total memory a GPU of this name can report, and where that figure is from."""
+    stated = re.search(r"(?<![0-9])([0-9]{1,4})GB\b", name, re.IGNORECASE)
+    if stated:
+        return int(stated.group(1)) << 30, f"the {stated.group(1)} GB its name states"
+    for model, gib in GPU_NOMINAL_GIB.items():
+        if re.search(rf"(?<![A-Z0-9]){model}(?![A-Z0-9])", name.upper()):
+            return gib << 30, f"a {model}'s nominal {gib} GB"
+    return MAX_GPU_MEMORY_BYTES, "any GPU's (1 TiB)"
+
+
 def environment_facts(where: str, environment: dict) -> list[str]:
     """What PyTorch reported of its GPU must be possible: free memory is part of the total, so
-    the CUDA context (total minus free) is never negative. fit.py sizes every GPU from these
-    two figures: one impossible pair would change every answer for that GPU."""
+    the CUDA context (total minus free) is never negative, and the total is one a GPU of its
+    model can have (gpu_memory_limit). fit.py sizes every GPU from these two figures: one
+    impossible figure would change every answer for that GPU."""
     gpu = environment["gpu"]
     if not gpu.get("available"):
         return []
     total, free = gpu["total_memory_bytes"], gpu["free_memory_bytes_at_start"]
+    limit, source = gpu_memory_limit(gpu["name"])
+    if not MIN_GPU_MEMORY_BYTES <= total <= limit:
+        return [
+            f"{where}.gpu.total_memory_bytes: {total} is not a {gpu['name']}'s: a GPU's total is "
+            f"from {MIN_GPU_MEMORY_BYTES} bytes (1 GiB) to {limit} ({source})"
+        ]
     if free > total:
         return [
             f"{where}.gpu.free_memory_bytes_at_start: {free} > total_memory_bytes {total} "
             "(free memory is part of the total)"
         ]
+    return []
+
+
+def beside_facts(path: Path) -> list[str]:
+    """A run folder's environment.json and the environment its measurement.json records are
+    one record of one process: they must be the same (fit.py reads the first, record.py the
+    second). Errors name the first key that differs; a file that is not JSON is left to its
+    own verdict."""
+    other = path.with_name("measurement.json" if path.name == "environment.json" else "environment.json")
+    if path.name not in NAMED_KINDS or not other.is_file() or not path.is_file():
+        return []
+    try:
+        environments = [load_json(read_limited(p)).get("environment") for p in (path, other)]
+    except (ValueError, AttributeError, OSError):
+        return []
+    if environments[0] == environments[1] or not all(isinstance(e, dict) for e in environments):
+        return []
+    mine, theirs = environments
+    for key in sorted(mine.keys() | theirs.keys()):
+        if mine.get(key) != theirs.get(key):
+            inner = mine.get(key), theirs.get(key)
+            if all(isinstance(value, dict) for value in inner):
+                key += "." + next(k for k in sorted(inner[0].keys() | inner[1].keys())
+                                  if inner[0].get(k) != inner[1].get(k))  # fmt: skip
+            return [
+                f"$.environment.{key}: differs from the environment {other.name} beside it "
+                "records (one run, one environment)"
+            ]
+    return []
+
+
+def calibration_facts(document: dict) -> list[str]:
+    """An own-model measurement's calibration: every block its operators allocated fits on the
+    GPU it names (--calibration believes them; one of 10**30 bytes would be every peak)."""
+    calibration = document.get("calibration")
+    environment = document.get("environment")
+    if not isinstance(calibration, dict) or not isinstance(environment, dict):
+        return []
+    total = environment["gpu"].get("total_memory_bytes")
+    if not isinstance(total, int):
+        return []
+    for i, entry in enumerate(calibration["operators"]):
+        for j, step in enumerate(entry["template"]):
+            if step.get("bytes", 0) > total:
+                return [
+                    f"$.calibration.operators[{i}].template[{j}].bytes: {step['bytes']} is more "
+                    f"than the GPU's total memory {total}: not a block it can allocate"
+                ]
     return []
 
 
@@ -564,7 +639,7 @@ def document_facts(document: dict) -> list[str]:
 
 
 def own_model_document_facts(document: dict) -> list[str]:
-    return own_model_facts.document_facts(document)
+    return own_model_facts.document_facts(document) + calibration_facts(document)
 
 
 # What each kind's measurement.json implies beyond its schema (the kind's code; which schema
@@ -609,12 +684,23 @@ class Artefact(NamedTuple):
     errors: list[str]
 
 
+def read_limited(path: Path) -> bytes:
+    """An artefact's bytes, at most MAX_ARTEFACT_BYTES, refused from its size unread."""
+    try:
+        return json_input.read_limited(path, MAX_ARTEFACT_BYTES)
+    except json_input.JsonInputError as exc:
+        raise ValueError(f"not read: {exc}") from None
+
+
 def read_artefact(path: Path, registry: Registry) -> Artefact:
     """A file's bytes, its document and its errors: the schema it names, the facts, and the
     kind its name promises (record.py appends a row only for an artefact without errors)."""
     if path.is_dir():
         return Artefact(b"", None, ["$: a folder, not a file"])
-    data = path.read_bytes()
+    try:
+        data = read_limited(path)
+    except ValueError as exc:
+        return Artefact(b"", None, [f"$: {exc}"])
     try:
         document = load_json(data)
     except ValueError as exc:
@@ -653,7 +739,10 @@ def read_json_file(path: Path, inside: Path | None = None) -> tuple[bytes, objec
     if not path.is_file():
         why = "not a file" if path.exists() else "no such file or directory"
         raise cli.UsageError(f"{path}: {why}")
-    data = path.read_bytes()
+    try:
+        data = read_limited(path)
+    except ValueError as exc:
+        raise cli.UsageError(f"{path}: {exc}") from None
     try:
         return data, load_json(data)
     except ValueError as exc:
@@ -1236,7 +1325,8 @@ def expand(text: str) -> list[tuple[Path, str, str]]:
 
 def file_errors(path: Path, kind: str, registry: Registry, protocol: Protocol | None):
     if kind == ARTEFACT:
-        return read_artefact(path, registry).errors
+        errors = read_artefact(path, registry).errors
+        return errors or (beside_facts(path) if path.name == "environment.json" else [])
     if path.is_dir():
         return ["$: a folder, not a file"]
     return log_errors(read_shared(path), registry, protocol)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -59,6 +60,28 @@ def device(text: str) -> str:
     except argparse.ArgumentTypeError as exc:
         raise UsageError(f"argument --device: {exc}") from None
     return text
+
+
+def shown(text: str) -> str:
+    """A value as a message quotes it: its repr, cut to 40 characters."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= 40 else quoted[:39] + "…"
+
+
+def bounded_int(limit: int) -> Callable[[str], int]:
+    """An option's parser: a positive integer of digits only, at most `limit`, the limit said
+    in the refusal (a batch of 10**18 overflows PyTorch's byte count; a rank of 10**30 is no
+    integer peft takes)."""
+
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"[0-9]{1,30}", text) or not 0 < int(text) <= limit:
+            raise argparse.ArgumentTypeError(
+                f"expected a positive integer at most {limit}, got {shown(text)}"
+            )
+        return int(text)
+
+    parse.__name__ = "positive integer"  # argparse names the type by it in its own errors
+    return parse
 
 
 def progress_line(prog: str) -> Callable[[str | None], None] | None:

@@ -10,7 +10,9 @@ judged, member by member, and every member that differs is named: each of the li
 and SHA-256, the copy's MANIFEST.json identical to the reference, resultats-bruts.csv an
 empty grid, the notebook free of outputs. Layout is not content: a zip made again (`zip -r`
 adds directory entries; another order, compression, times, permissions or extra fields) gets
-notes, and files beside the nine (your own outputs) are listed as ignored and never read.
+notes. In a folder, files beside the nine (your own outputs) are listed as ignored and never
+read; a zip is the kit as it travels, nine members in one folder: one with any other file is
+not the kit, and its extra entries are named and refused (none is read).
 
 A zip is refused from its central directory, before any member is read, when an entry is
 hostile: `..`, absolute or drive paths, backslashes or control characters, entries outside
@@ -20,7 +22,7 @@ Nothing is ever extracted; members are hashed in chunks, reading at most their d
 plus one byte.
 
 Exit codes: 0 the nine members intact (notes aside); 1 a member differs or is missing, or
-the zip is hostile (each failure names the entry and the check); 2 unusable input (no such
+the zip holds other files or is hostile (each failure names the entry and the check); 2 unusable input (no such
 path, not a zip, a truncated zip, not a kit folder, no reference manifest).
 """
 
@@ -319,7 +321,6 @@ def layout_notes(zf: zipfile.ZipFile, infos: list[zipfile.ZipInfo]) -> list[str]
     """How the zip differs from what archive.py builds, where content is not at stake."""
     kit = [info for info in infos if is_member(info)]
     directories = [info.filename for info in infos if is_directory(info)]
-    ignored = [info.filename for info in infos if not is_directory(info) and not is_member(info)]
     build_time = time.gmtime(archive.DEFAULT_EPOCH)[:6]
     stored = [info.filename for info in kit if info.compress_type == zipfile.ZIP_STORED]
     modes = [
@@ -332,7 +333,6 @@ def layout_notes(zf: zipfile.ZipFile, infos: list[zipfile.ZipInfo]) -> list[str]
             directories,
             f"directory entries (unzip makes the folders anyway): {listing(directories)}",
         ),
-        (ignored, f"ignored, not kit members (never read): {listing(ignored)}"),
         (
             [info.filename for info in kit] != sorted(info.filename for info in kit),
             "the members are in another order than the build's (sorted by name)",
@@ -371,6 +371,12 @@ def check_zip(path: Path, members: dict, reference: bytes) -> tuple[list[str], l
         hostile = [p for info in infos for p in entry_problems(info, counts[info.filename])]
         if hostile:
             return hostile, []  # nothing was read
+        extra = [info.filename for info in infos if not is_directory(info) and not is_member(info)]
+        if extra:  # a sitecustomize.py beside the scripts would run with them: not the kit
+            return [
+                f"{path.name}: {len(extra)} file(s) besides the kit's {len(KIT_NAMES)} members, "
+                f"so not the kit (never read): {listing(extra)}"
+            ], []
         by_name = {info.filename[len(archive.FOLDER) :]: info for info in infos if is_member(info)}
         problems = [
             f"{archive.FOLDER}{name}: missing" for name in sorted(KIT_NAMES - by_name.keys())

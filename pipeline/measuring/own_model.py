@@ -58,7 +58,7 @@ from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_contract import Configuration, Workload, WorkloadFile
 from pipeline.predicting import gpu_calibration, history_check, trace_prediction
 from pipeline.predicting.trace_prediction import PredictionStatus
-from pipeline.workloads import seed_network
+from pipeline.workloads import hf_config, seed_network
 from pipeline.workloads.own_model_facts import (  # noqa: F401 (own_model.document_facts, own_model.SCHEMA... stay)
     SCHEMA,
     bounds_facts,
@@ -94,6 +94,12 @@ PHASE_SCOPES = {
 # on a 2-core CPU): the default admits every committed run (at most 9 steps) and timing
 # statistics over dozens of repetitions.
 ESTIMATE_BUDGET = 64
+# What the options may ask, at most (cli.bounded_int says so in one line where they are
+# parsed): a batch of 2**20 rows and a dimension of 2**24 (16,777,216 tokens: above every
+# published context) stay far from PyTorch's 64-bit byte count; a generation of 65,536 new
+# tokens and a LoRA rank of 65,536 are past anything run on one GPU (the layer-pass budget
+# and the model's width bound them further).
+MAX_BATCH, MAX_DIM, MAX_NEW_TOKENS, MAX_LORA_RANK = 1 << 20, 1 << 24, 1 << 16, 1 << 16
 FAILED_NOTE = (
     "the workload's own code raised an exception: this file records where, and is not a "
     "measurement (never recorded, never compared with a prediction)"
@@ -119,10 +125,11 @@ def workload_argument(text: str) -> tuple[Path, str]:
 
 
 def dimension_argument(text: str) -> tuple[str, int]:
-    match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)", text)
-    if not match or int(match.group(2)) == 0:
+    match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=([0-9]{1,30})", text)
+    if not match or not 0 < int(match.group(2)) <= MAX_DIM:
         raise argparse.ArgumentTypeError(
-            f"expected NAME=VALUE with a positive integer VALUE, got {text!r}"
+            f"expected NAME=VALUE with VALUE a positive integer at most {MAX_DIM}, "
+            f"got {cli.shown(text)}"
         )
     return match.group(1), int(match.group(2))
 
@@ -692,7 +699,12 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
         if options[name] is not None and task != wants:
             option = "--" + name.replace("_", "-")
             raise cli.UsageError(f"{option} goes with --task {wants}, not {task}")
-    file, named = hf_model.workload_file(path, task, args.gradient_checkpointing, args.batch)
+    steps = 1 + args.warmup + args.repeats
+    budget = getattr(args, "layer_pass_budget", None) or hf_model.hf_config.LAYER_PASS_BUDGET
+    given_hf = given + [(name, value) for name, value in options.items() if value is not None]
+    file, named = hf_model.workload_file(
+        path, task, args.gradient_checkpointing, args.batch, given_hf, steps, budget
+    )
     given += [(name, value) for name, value in options.items() if value is not None]
     return file, given, args.dtype or named or DEFAULTS["dtype"]
 
@@ -937,7 +949,13 @@ def add_configuration(parser) -> None:
         choices=sorted(allocator_model.DTYPE_BYTES),
         help=f"(default {DEFAULTS['dtype']}; a --hf-config model: its config's dtype, if any)",
     )
-    counts = {name: DEFAULTS[name] for name in ("batch", "warmup", "repeats")}
+    parser.add_argument(
+        "--batch",
+        type=cli.bounded_int(MAX_BATCH),
+        default=DEFAULTS["batch"],
+        help=f"(default {DEFAULTS['batch']}; at most {MAX_BATCH})",
+    )
+    counts = {name: DEFAULTS[name] for name in ("warmup", "repeats")}
     arguments.add_defaulted(parser, counts, {}, ())
     parser.add_argument("--seed", type=arguments.non_negative_int, default=0)
     parser.add_argument(
@@ -954,10 +972,22 @@ def add_hf_options(parser) -> None:
     """What to run of a --hf-config model (hf_model.py)."""
     parser.add_argument("--task", choices=("inference", "generate", "training", "lora"))
     parser.add_argument(
-        "--new-tokens", type=arguments.positive_int, help="generate: tokens (default 16)"
+        "--new-tokens",
+        type=cli.bounded_int(MAX_NEW_TOKENS),
+        help=f"generate: tokens (default 16, at most {MAX_NEW_TOKENS})",
     )
     parser.add_argument(
-        "--lora-rank", type=arguments.positive_int, help="lora: the rank (default 8)"
+        "--lora-rank",
+        type=cli.bounded_int(MAX_LORA_RANK),
+        help=f"lora: the rank (default 8, at most {MAX_LORA_RANK} and the model's width)",
+    )
+    parser.add_argument(
+        "--layer-pass-budget",
+        type=arguments.positive_int,
+        default=hf_config.LAYER_PASS_BUDGET,
+        metavar="PASSES",
+        help="the most layer passes, steps x layers x forwards a step (generate: one a new "
+        f"token), the trace of a --hf-config model may run (default {hf_config.LAYER_PASS_BUDGET})",
     )
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="the model's own checkpointing"

@@ -405,6 +405,8 @@ def gpu_records(runs_dir: Path) -> Evidence:
                 continue
             try:
                 environment = validate.checked_environment(path, runs_dir)
+                if disagreement := validate.beside_facts(path):
+                    raise cli.UsageError(f"{path}: {disagreement[0]}")
             except cli.UsageError as exc:
                 found.untrusted.append(str(exc))
                 break

@@ -292,6 +292,7 @@ def record_run(folder: Path, registry, protocol: validate.Protocol, quality: dic
     errors = [f"{path}: {error}" for error in measurement.errors]
     if os.path.lexists(environment):
         problems = validate.read_artefact(environment, registry).errors
+        problems = problems or validate.beside_facts(environment)
         errors += [f"{environment}: {error}" for error in problems]
     if errors:
         return cli.refused(errors, f"record.py: {folder} does not validate: nothing appended")
@@ -347,7 +348,7 @@ def record_all(args) -> int:
         try:
             code = record_run(folder, registry, protocol, quality)
         except (cli.UsageError, OSError) as exc:
-            print(f"record.py: error: {exc}", file=sys.stderr)
+            print(f"record.py: error: {cli.os_message(exc)}", file=sys.stderr)
             code = cli.USAGE
         exit_code = max(exit_code, code)
     return exit_code

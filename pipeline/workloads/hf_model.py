@@ -34,6 +34,7 @@ from pathlib import Path
 
 from pipeline.core import allocator_model, cli
 from pipeline.core.workload_contract import Workload, WorkloadFile
+from pipeline.workloads import hf_config
 
 TASKS = ("inference", "generate", "training", "lora")
 SEQUENCE, NEW_TOKENS, LORA_RANK, IMAGE_SIDE = 128, 16, 8, 224
@@ -64,16 +65,12 @@ MISSING = (
 
 
 def read_config(path: Path) -> dict:
-    """The config.json, checked before anything is built: a JSON object naming its model_type."""
-    data = cli.existing_file(path, "--hf-config")
-    try:
-        config = json.loads(data)
-    except (UnicodeDecodeError, ValueError):
-        raise cli.UsageError(f"--hf-config {path}: not JSON") from None
-    if not isinstance(config, dict):
-        raise cli.UsageError(f"--hf-config {path}: not a JSON object")
+    """The config.json, checked before anything is built: a JSON object naming its model_type,
+    within the limits and relations hf_config.py states."""
+    config = hf_config.read(path)
     if not isinstance(config.get("model_type"), str):
         raise cli.UsageError(f"--hf-config {path}: no model_type (not a transformers config.json)")
+    hf_config.check_sizes(config, path)
     for key in ("dtype", "torch_dtype"):  # transformers turns it into torch's attribute
         value = config.get(key)
         if value is not None and not (
@@ -188,8 +185,10 @@ def check(config: dict, task: str, path: Path, batch: int) -> str:
     import transformers
     from huggingface_hub.errors import StrictDataclassError  # transformers' own dependency
 
+    hf_config.check_rope(config, path)
     try:
         built = transformers.AutoConfig.for_model(**config)
+        built.validate()  # transformers' own checks (huggingface_hub's strict dataclass)
     except (ValueError, TypeError, KeyError, StrictDataclassError) as exc:
         # huggingface_hub's validators (a field's type; layer_types against the layer count)
         # say what and why on two lines: one line here
@@ -207,7 +206,7 @@ def check(config: dict, task: str, path: Path, batch: int) -> str:
             raise cli.UsageError(
                 f"--task lora: peft names no attention projections for {config['model_type']}"
             )
-    return kind
+    return kind, built
 
 
 def dimensions(task: str, kind: str, config: dict) -> dict[str, int]:
@@ -250,18 +249,35 @@ def workload_source(config: dict, task: str, kind: str, checkpointing: bool) -> 
 
 
 def workload_file(
-    path: Path, task: str, checkpointing: bool, batch: int
+    path: Path,
+    task: str,
+    checkpointing: bool,
+    batch: int,
+    given: list[tuple[str, int]] = (),
+    steps: int = 1,
+    budget: int = hf_config.LAYER_PASS_BUDGET,
 ) -> tuple[WorkloadFile, str | None]:
     """A WorkloadFile for a config.json, named and hashed by the config's bytes; and the dtype
     the config names (`dtype`, or `torch_dtype` as older files say), which transformers
-    builds the model in when it is given none, or None."""
+    builds the model in when it is given none, or None. Refused up front: a trace of `steps`
+    steps with the dimensions `given` (--dim, --new-tokens, --lora-rank) over the budget
+    (hf_config.over_budget), and a LoRA rank over the model's width."""
     if checkpointing and task not in ("training", "lora"):
         raise cli.UsageError(
             f"--gradient-checkpointing goes with --task training or lora: {task} keeps no "
             "activations for a backward pass"
         )
     config = read_config(path)
-    kind = check(config, task, path, batch)
+    kind, built = check(config, task, path, batch)
+    dims = {**dimensions(task, kind, config), **dict(given)}
+    if refused := hf_config.over_budget(built, task, dims, batch, steps, budget):
+        raise cli.UsageError(refused)
+    width = getattr(built.get_text_config(), "hidden_size", None)
+    if task == "lora" and isinstance(width, int) and dims["lora_rank"] > width:
+        raise cli.UsageError(
+            f"--lora-rank {dims['lora_rank']}: over the model's width {width}, the most a "
+            "LoRA adapter of its projections can use"
+        )
     source = workload_source(config, task, kind, checkpointing)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     named = config.get("dtype") or config.get("torch_dtype")
