@@ -101,9 +101,11 @@ def test_the_training_example_creates_exactly_two_moments_per_parameter(tmp_path
 
 @pytest.mark.gpu_whole
 def test_out_of_memory_is_recorded_with_its_phase(tmp_path):
-    """Inputs of 20 million 32x32 images (245 GB in float32) fit on no GPU of the catalogue."""
+    """Inputs of a million 256x256 images (824 GB in float32) fit on no GPU of the catalogue
+    (the batch at its limit, 2**20)."""
     spec = str(PIPELINE / "workloads" / EXAMPLES["resnet"][0])
-    document, result = measure(tmp_path, spec, "--batch", "20000000", expect=3)
+    document, result = measure(tmp_path, spec, "--batch", "1048576", "--dim", "image=256",
+                               expect=3)  # fmt: skip
     assert document["status"] == "out_of_memory"
     assert document["failure"]["phase"] == "inputs"
     assert "tried to allocate" in document["failure"]["error"]

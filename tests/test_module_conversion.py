@@ -5,7 +5,6 @@ host memory."""
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 
@@ -105,16 +104,17 @@ def test_moving_a_tied_model_allocates_as_building_it_on_the_device_does(capsys,
     assert [[row[k] for k in keys] for row in moved] == [[row[k] for k in keys] for row in built]
 
 
-def test_to_empty_over_shared_parameters_without_a_gpu_is_named_not_exact(capsys, tmp_path):
-    document = estimate(capsys, tmp_path, "emptied")
-    prediction = document["prediction"]
-    assert prediction["status"] == PredictionStatus.APPROXIMATE
-    assert module_conversion.TO_EMPTY in [u["op"] for u in prediction["unknown"]]
-
-
-def test_to_empty_without_shared_parameters_is_not_noted(capsys, tmp_path):
-    prediction = estimate(capsys, tmp_path, "emptied_untied")["prediction"]
-    assert module_conversion.TO_EMPTY not in [u["op"] for u in prediction["unknown"]]
+@pytest.mark.parametrize("function", ["emptied", "emptied_untied"])
+def test_to_empty_from_the_meta_device_is_named_without_a_gpu(capsys, tmp_path, function):
+    """Without a GPU the meta device stands for the GPU: a model built there is counted from
+    its build (an H100 held nothing until to_empty: 64 KiB less at model_load's peak for a
+    small perceptron) and its tie kept; the prediction says so and claims nothing exact.
+    Where a GPU is visible the trace runs beside it on the GPU's own fake device."""
+    prediction = estimate(capsys, tmp_path, function)["prediction"]
+    named = module_conversion.TO_EMPTY in [u["op"] for u in prediction["unknown"]]
+    assert named is not torch.cuda.is_available()
+    if named:
+        assert prediction["status"] == PredictionStatus.APPROXIMATE
 
 
 def test_parameters_made_from_host_tensors_are_fake_in_the_trace():
@@ -176,26 +176,32 @@ import torch
 from own_model import Workload
 
 
-def big(config):
-    # 2**28 float32 parameters: 1 GiB on the host if the build were real
-    model = torch.nn.Embedding(2**18, 2**10).to(device=config.device, dtype=config.dtype)
+def embedding(config, *, rows=4):
+    model = torch.nn.Embedding(rows, 2**10).to(device=config.device, dtype=config.dtype)
     return Workload(model, lambda: torch.zeros(config.batch, 4, dtype=torch.long,
                                                device=config.device))
 """
 
 
+def resident_kib(path, rows: int) -> int:
+    """The largest resident set of an estimate of `embedding` (one process), in KiB."""
+    script = (
+        "import resource, subprocess, sys\n"
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    argv = [sys.executable, "-m", "pipeline.measuring.own_model", "estimate",
+            "--workload", f"{path}:embedding", "--dim", f"rows={rows}", "--json"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=True)  # fmt: skip
+    return int(done.stdout)
+
+
 def test_a_model_built_on_the_host_holds_no_host_memory_while_traced(tmp_path):
-    """The trace of a 1 GiB model built on the CPU stays under 1 GiB resident (it was the
-    model's size above the interpreter's before parameters were made fake)."""
+    """A 1 GiB model built on the CPU (2**18 x 2**10 float32) is traced in the resident
+    memory of a 16 KiB one, give or take 128 MiB; it held its size more before parameters
+    were made fake."""
     path = tmp_path / "big.py"
     path.write_text(HOST_BUILT, encoding="utf-8")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    done = subprocess.run(
-        [sys.executable, "-m", "pipeline.measuring.own_model", "estimate",
-         "--workload", f"{path}:big", "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    assert json.loads(done.stdout)["workload"]["parameters"]["bytes"] == 2**30
-    assert max(peak_kib, before) < 1024 * 1024, f"{peak_kib} KiB resident"
+    small, big = resident_kib(path, 4), resident_kib(path, 2**18)
+    assert big - small < 128 * 1024, f"{big - small} KiB more for the 1 GiB model"

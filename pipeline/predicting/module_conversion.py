@@ -26,9 +26,11 @@ memory with `to_empty`. While tracing, two things must hold that PyTorch alone d
    types are not compatible (`new_parameter`).
 
    A trace without a GPU stands the meta device in for the GPU: a model built on `meta` by
-   the workload itself cannot be told from one built on the device, so a `to_empty` there
-   over parameters that several modules share is noted (TO_EMPTY): the GPU breaks those
-   ties, the trace cannot tell that it should.
+   the workload itself cannot be told from one built on the device. Such a trace counts the
+   model as held from its build (the GPU holds nothing until `to_empty`), and keeps a tie
+   that the GPU breaks: every `to_empty` there is noted (TO_EMPTY), and the prediction is
+   approximate. Beside a GPU the trace runs on the GPU's own fake device and tells them
+   apart.
 
 Standard library only (torch is passed in).
 """
@@ -37,11 +39,11 @@ from __future__ import annotations
 
 from pipeline.core import torch_private
 
-TO_EMPTY = "to_empty (parameters shared between modules)"
+TO_EMPTY = "to_empty (from the meta device, without a GPU)"
 TO_EMPTY_WHY = (
-    "on a GPU, to_empty from the meta device gives each module a tensor of its own, which "
-    "breaks a shared parameter into copies; a trace without a GPU stands the meta device in "
-    "for the GPU and cannot tell whether this model was on the meta device"
+    "a trace without a GPU stands the meta device in for the GPU, so a model built on the "
+    "meta device is counted as held before to_empty gives it memory, and a shared parameter, "
+    "which to_empty breaks into copies on a GPU, is kept one"
 )
 
 
@@ -54,19 +56,6 @@ def new_parameter(torch, old, new, target) -> bool:
     if target.type == "meta":
         return False
     return (old.device.type == "meta") != (new.device.type == "meta")
-
-
-def shared_parameters(module) -> bool:
-    """Whether one Parameter is held by several modules (or twice by one)."""
-    seen: set = set()
-    for sub in module.modules():
-        for param in sub._parameters.values():
-            if param is None:
-                continue
-            if id(param) in seen:
-                return True
-            seen.add(id(param))
-    return False
 
 
 def install(torch, tracer):
@@ -117,11 +106,7 @@ def install(torch, tracer):
         return module
 
     def to_empty(module, *, device, recurse=True):
-        if (
-            target.type == "meta"
-            and torch.device(device).type == "meta"
-            and shared_parameters(module)
-        ):
+        if target.type == "meta" and torch.device(device).type == "meta":
             tracer.trace.notes.setdefault(TO_EMPTY, TO_EMPTY_WHY)
         return original_to_empty(module, device=device, recurse=recurse)
 
