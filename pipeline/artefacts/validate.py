@@ -632,10 +632,37 @@ def document_facts(document: dict) -> list[str]:
     kind = workload_kinds.of_schema(schema)
     if kind is None:
         return []
-    errors = MEASUREMENT_FACTS[kind.kind](document)
+    errors = MEASUREMENT_FACTS[kind.kind](document) + bounds_said_facts(document)
     if isinstance(document.get("environment"), dict):  # a prediction has none
         errors += environment_facts("$.environment", document["environment"])
     return errors
+
+
+# Since this time (commit 35dada1), every approximate traced prediction carries its bounds or
+# says why it has none ("unbounded"); the files written before it have neither, and are read
+# as they are (their predicted peak, said approximate). created_utc's pattern, one fixed
+# width in UTC, orders its text as its time.
+BOUNDS_SINCE = "2026-12-03T21:34:47Z"
+
+
+def bounds_said_facts(document: dict) -> list[str]:
+    """An approximate traced prediction written since BOUNDS_SINCE has its bounds or says why
+    not: without them fit would size a GPU by its central figure, under what it may need."""
+    prediction = document.get("prediction")
+    if (
+        not isinstance(prediction, dict)
+        or prediction.get("status") != PredictionStatus.APPROXIMATE
+        or "bounds" in prediction
+        or "unbounded" in prediction
+    ):
+        return []
+    if document["created_utc"] < BOUNDS_SINCE:
+        return []
+    return [
+        '$.prediction: approximate, with neither its bounds nor "unbounded" saying why it has '
+        f"none (every approximate prediction written since {BOUNDS_SINCE} has one or the "
+        "other): its predicted peak is not the most it may need"
+    ]
 
 
 def own_model_document_facts(document: dict) -> list[str]:
