@@ -6,8 +6,8 @@ apply the same rules (validate.py), and refuse or leave out such a file in one l
 from __future__ import annotations
 
 import json
-import time
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -152,7 +152,9 @@ def test_a_tariff_price_of_ten_to_the_thirty_cents_is_refused(tmp_path):
     lines[1] = lines[1].replace(",79056,", "," + "1" + "0" * 30 + ",")
     path = tmp_path / "tarifs-forfaits.csv"
     path.write_text("".join(lines))
-    result = run_script("calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3")
+    result = run_script(
+        "calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3"
+    )
     assert (result.returncode, result.stdout) == (2, ""), result.stdout
     assert result.stderr == (
         f"calcul_forfaits.py: error: {path}:2: lot_price_cents must be a positive integer of USD "
@@ -165,7 +167,9 @@ def test_a_tariff_of_a_million_rows_is_refused_from_its_size(tmp_path):
     path = tmp_path / "tarifs-forfaits.csv"
     path.write_text(lines[0] + lines[1] * 10**6)
     started = time.monotonic()
-    result = run_script("calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3")
+    result = run_script(
+        "calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3"
+    )
     assert time.monotonic() - started < 10  # 16.6 s and 1.27 GB before the limit
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (

@@ -431,7 +431,9 @@ def beside_facts(path: Path) -> list[str]:
     one record of one process: they must be the same (fit.py reads the first, record.py the
     second). Errors name the first key that differs; a file that is not JSON is left to its
     own verdict."""
-    other = path.with_name("measurement.json" if path.name == "environment.json" else "environment.json")
+    other = path.with_name(
+        "measurement.json" if path.name == "environment.json" else "environment.json"
+    )
     if path.name not in NAMED_KINDS or not other.is_file() or not path.is_file():
         return []
     try:
