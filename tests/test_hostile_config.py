@@ -256,14 +256,36 @@ def test_a_trace_past_the_budget_is_refused_up_front_not_left_running(
     assert result.stdout == ""
 
 
-def test_measure_refuses_the_same_budget_and_writes_nothing(tmp_path):
+@pytest.mark.parametrize(
+    ("changes", "options", "message"),
+    [
+        (
+            {"num_hidden_layers": -3},
+            (),
+            "num_hidden_layers is -3, not an integer from 1 to 1,024 (the lab's limit for layers)",
+        ),
+        (
+            {},
+            ("--task", "generate", "--new-tokens", "20000"),
+            "the trace would run 160,000 layer passes (4 steps x 2 layers x 20000 forwards), "
+            "over the estimate budget of 20,000 (--layer-pass-budget)",
+        ),
+    ],
+    ids=["config", "budget"],
+)
+def test_measure_refuses_the_same_budget_and_writes_nothing(
+    capsys, tmp_path, changes, options, message
+):
+    """Refused by the config's checks and the budget, before it looks for a GPU: without one,
+    the code before them said "no GPU is visible", which hid them."""
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**BASE, "num_hidden_layers": -3}))
+    path.write_text(json.dumps({**BASE, **changes}))
     output = tmp_path / "m.json"
-    code = own_model.main(
-        ["measure", "--hf-config", str(path), "--device", "cuda", "--output", str(output)]
-    )
-    assert code == 2
+    argv = ["measure", "--hf-config", str(path), "--device", "cuda", "--output", str(output)]
+    code = own_model.main([*argv, "--dim", "sequence=16", *options])
+    line = one_line(code, capsys.readouterr().err)
+    assert line.startswith("own_model.py: error: ")
+    assert line.endswith(f" {message}")
     assert not output.exists()
 
 
