@@ -182,13 +182,24 @@ TINY_DECODER += ["--ffn", "160", "--vocab", "1000", "--batch", "2", "--prompt", 
 TINY_DECODER += ["--new-tokens", "4"]
 
 
+def environment_beside(measurement: bytes) -> bytes:
+    """The environment.json of a run folder whose measurement.json is `measurement`: the
+    H200's file, recording the environment that measurement records (one run, one
+    environment, as validate.py requires)."""
+    document = json.loads((H200 / "env.json").read_bytes())
+    document["environment"] = json.loads(measurement)["environment"]
+    return (json.dumps(document, indent=2) + "\n").encode()
+
+
 def make_decoder_run(runs_dir: Path, n: int = 0, flags=TINY_DECODER, memory_bytes=None) -> Path:
-    """runs_dir/<run id>/ holding a synthesised decoder measurement and the real environment."""
+    """runs_dir/<run id>/ holding a synthesised decoder measurement and the real environment,
+    with the allocator settings the decoder's measurement records."""
     runs_dir.mkdir(exist_ok=True)
     folder = runs_dir / run_id(n)
     folder.mkdir()
-    (folder / "measurement.json").write_bytes(decoder_bytes(list(flags), memory_bytes))
-    shutil.copyfile(H200 / "env.json", folder / "environment.json")
+    data = decoder_bytes(list(flags), memory_bytes)
+    (folder / "measurement.json").write_bytes(data)
+    (folder / "environment.json").write_bytes(environment_beside(data))
     return folder
 
 

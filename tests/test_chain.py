@@ -374,11 +374,11 @@ def replay_decoder(monkeypatch, memory_bytes=None):
     def run_steps(runner, commands, script="mesure_memoire.py"):
         scripts.append(script)
         for _command, *argv in commands:
-            environment = argv[argv.index("--environment-output") + 1]
-            shutil.copyfile(runfixtures.H200 / "env.json", environment)
+            environment = Path(argv[argv.index("--environment-output") + 1])
             output = Path(argv[argv.index("--output") + 1])
             flags = argv[argv.index("cuda:0") + 1 : argv.index("--environment-output")]
             data = runfixtures.decoder_bytes(flags, memory_bytes)
+            environment.write_bytes(runfixtures.environment_beside(data))
             output.write_bytes(data)
         return [3 if b'"out_of_memory"' in data else 0] * len(commands)
 
@@ -583,7 +583,11 @@ def test_a_run_whose_workload_raised_keeps_its_file_exits_1_and_is_not_recorded(
             "classes)",
         ),
         (["--workload", RESNET_SPEC, "--dim", "width=8", "--dim", "width=9"], "--dim width: given"),
-        (["--workload", RESNET_SPEC, "--dim", "width=0"], "with a positive integer VALUE"),
+        (
+            ["--workload", RESNET_SPEC, "--dim", "width=0"],
+            "argument --dim: expected NAME=VALUE with VALUE a positive integer at most 16777216, "
+            "got 'width=0'",
+        ),
         (["--workload", RESNET_SPEC, "--context", "8"], "unrecognized arguments: --context 8"),
         (["--workload", RESNET_SPEC, "--output", "x.json"], "the chain names its outputs"),
     ],

@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -192,9 +191,7 @@ def test_an_oversized_option_is_refused_in_one_line_with_its_limit(
     assert one_line(code, err) == f"own_model.py: error: {message}"
 
 
-def test_a_large_lora_rank_of_a_large_model_is_refused_before_peft_fills_the_host(
-    capsys, tmp_path
-):
+def test_a_large_lora_rank_of_a_large_model_is_refused_before_peft_fills_the_host(capsys, tmp_path):
     eight_b = json.loads((ROOT / "tests/data/hf-configs/llama-3.1-8b.json").read_text())
     code, err = run(capsys, tmp_path, eight_b, "--task", "lora", "--lora-rank", "4096")
     assert one_line(code, err) == (
@@ -252,18 +249,41 @@ def test_a_trace_past_the_budget_is_refused_up_front_not_left_running(
     assert time.monotonic() - started < 90
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("own_model.py: error: ")
-    assert result.stderr.endswith(f" {message}\n") and result.stderr.count("\n") == 1
+    assert result.stderr.endswith(f" {message}\n")
+    assert result.stderr.count("\n") == 1
     assert result.stdout == ""
 
 
-def test_measure_refuses_the_same_budget_and_writes_nothing(tmp_path):
+@pytest.mark.parametrize(
+    ("changes", "options", "message"),
+    [
+        (
+            {"num_hidden_layers": -3},
+            (),
+            "num_hidden_layers is -3, not an integer from 1 to 1,024 (the lab's limit for layers)",
+        ),
+        (
+            {},
+            ("--task", "generate", "--new-tokens", "20000"),
+            "the trace would run 160,000 layer passes (4 steps x 2 layers x 20000 forwards), "
+            "over the estimate budget of 20,000 (--layer-pass-budget)",
+        ),
+    ],
+    ids=["config", "budget"],
+)
+def test_measure_refuses_the_same_budget_and_writes_nothing(
+    capsys, tmp_path, changes, options, message
+):
+    """Refused by the config's checks and the budget, before it looks for a GPU: without one,
+    the code before them said "no GPU is visible", which hid them."""
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**BASE, "num_hidden_layers": -3}))
+    path.write_text(json.dumps({**BASE, **changes}))
     output = tmp_path / "m.json"
-    code = own_model.main(
-        ["measure", "--hf-config", str(path), "--device", "cuda", "--output", str(output)]
-    )
-    assert code == 2
+    argv = ["measure", "--hf-config", str(path), "--device", "cuda", "--output", str(output)]
+    code = own_model.main([*argv, "--dim", "sequence=16", *options])
+    line = one_line(code, capsys.readouterr().err)
+    assert line.startswith("own_model.py: error: ")
+    assert line.endswith(f" {message}")
     assert not output.exists()
 
 
@@ -311,7 +331,8 @@ def test_a_random_edit_is_refused_in_one_line_or_predicted_within_the_budget(
 ):
     started = time.monotonic()
     code, err, out = run_full(capsys, tmp_path, edited(edits), "--dim", "sequence=8", "--json")
-    assert "Traceback" not in err and "the workload raised" not in err, err
+    assert "Traceback" not in err, err
+    assert "the workload raised" not in err, err
     if code == 0:
         assert json.loads(out)["prediction"]["phases"]
     else:

@@ -6,14 +6,15 @@ apply the same rules (validate.py), and refuse or leave out such a file in one l
 from __future__ import annotations
 
 import json
-import time
 import shutil
+import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, RUNS, run_script
+from conftest import ROOT, RUNS, call_main, run_script
 
 from pipeline.measuring import own_model
+from pipeline.stages import fit
 
 OWN_RUN = RUNS / "20261203T131050Z-own-model-chain" / "20261203T131050Z-74623e"
 LARGE_RUN = RUNS / "20261202T112323Z-50900d"  # a kit run on the H200
@@ -151,7 +152,9 @@ def test_a_tariff_price_of_ten_to_the_thirty_cents_is_refused(tmp_path):
     lines[1] = lines[1].replace(",79056,", "," + "1" + "0" * 30 + ",")
     path = tmp_path / "tarifs-forfaits.csv"
     path.write_text("".join(lines))
-    result = run_script("calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3")
+    result = run_script(
+        "calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3"
+    )
     assert (result.returncode, result.stdout) == (2, ""), result.stdout
     assert result.stderr == (
         f"calcul_forfaits.py: error: {path}:2: lot_price_cents must be a positive integer of USD "
@@ -164,10 +167,50 @@ def test_a_tariff_of_a_million_rows_is_refused_from_its_size(tmp_path):
     path = tmp_path / "tarifs-forfaits.csv"
     path.write_text(lines[0] + lines[1] * 10**6)
     started = time.monotonic()
-    result = run_script("calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3")
+    result = run_script(
+        "calcul_forfaits.py", "--tariffs", str(path), "--gpu", "b200", "--days", "3"
+    )
     assert time.monotonic() - started < 10  # 16.6 s and 1.27 GB before the limit
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
         f"calcul_forfaits.py: error: tariff file {path}: over the limit of 1048576 bytes (a grid "
         "is a few kB)\n"
     )
+
+
+# ------------------------------------------------- an approximate prediction's bounds
+
+BOUNDED = RUNS / "20261206T055600Z-loss-outputs-blind" / "cpu" / "mlp-mse-fp32.json"
+UNBOUNDED = RUNS / "20261206T090000Z-packed-sequences-repredicted" / "cpu" / "tagger-fp32-b16.json"
+BEFORE_BOUNDS = RUNS / "20261203T195500Z-hf-first-points" / "cpu" / "qwen-lora.json"
+NO_BOUNDS = (
+    '$.prediction: approximate, with neither its bounds nor "unbounded" saying why it has '
+    "none (every approximate prediction written since 2026-12-03T21:34:47Z has one or the "
+    "other): its predicted peak is not the most it may need"
+)
+
+
+def test_an_approximate_prediction_stripped_of_its_bounds_is_refused(tmp_path):
+    """Sized by its central figure before (0.61 GiB where its upper bound is 0.74 GiB)."""
+    document = json.loads(BOUNDED.read_bytes())
+    del document["prediction"]["bounds"]
+    path = tmp_path / "prediction.json"
+    path.write_text(json.dumps(document))
+    result = call_main(fit.main, str(path), "--days", "7")
+    assert (result.returncode, result.stdout) == (2, ""), result.stdout
+    assert result.stderr == f"fit.py: error: {path}: {NO_BOUNDS}\n"
+    checked = run_script("validate.py", str(path))
+    assert checked.returncode == 1
+    assert f"{path}: {NO_BOUNDS}\n" in checked.stderr
+
+
+@pytest.mark.parametrize("source", [UNBOUNDED, BEFORE_BOUNDS], ids=["unbounded", "older"])
+def test_an_approximate_prediction_without_bounds_that_may_have_none_is_fitted(source):
+    """One that says why it has no bounds, or was written before predictions had them, is
+    sized by its predicted peak, as before."""
+    result = call_main(fit.main, str(source), "--days", "7", "--json")
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    peak = json.loads(source.read_bytes())["prediction"]["largest_peak_reserved_bytes"]
+    assert (answer["peak_reserved_bytes"], answer["peak_basis"]) == (peak, "prediction")
+    assert run_script("validate.py", str(source)).returncode == 0

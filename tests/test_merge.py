@@ -70,12 +70,34 @@ def test_every_row_is_validated_again(tmp_path):
     assert not out.exists()
 
 
-def test_a_file_that_is_not_a_results_log_is_refused(tmp_path):
-    a = tmp_path / "tariffs.csv"
-    a.write_text("gpu,name\nb200,NVIDIA B200\n")
-    result = run_script("merge.py", str(a), "--output", str(tmp_path / "team.csv"))
-    assert result.returncode == 1
-    assert f"{a}: line 1: not the header of resultats-bruts.csv" in result.stderr
+NOT_THE_HEADER = (
+    "line 1: not the header of resultats-bruts.csv (nor the decoder log's, nor the own-model log's)"
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"gpu,name\nb200,NVIDIA B200\n", NOT_THE_HEADER),  # the tariffs
+        (b'{"schema": "x"}', NOT_THE_HEADER),
+        (b"", NOT_THE_HEADER),
+        (
+            b"\x00\xff\xfe",
+            "$: not UTF-8 ('utf-8' codec can't decode byte 0xff in position 1: invalid start byte)",
+        ),
+    ],
+    ids=["tariffs", "json", "empty", "binary"],
+)
+def test_a_file_that_is_not_a_results_log_is_bad_input_in_one_line(tmp_path, content, why):
+    """Exit 1 and two lines before (the file's error, then "nothing written")."""
+    good = write_log(tmp_path / "a.csv", rows(1))
+    other = tmp_path / "other.csv"
+    other.write_bytes(content)
+    out = tmp_path / "team.csv"
+    result = run_script("merge.py", str(good), str(other), "--output", str(out))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"merge.py: error: {other}: {why}: not a results log\n"
+    assert not out.exists()
 
 
 def test_a_log_that_starts_with_a_byte_order_mark_is_refused_saying_so(tmp_path):

@@ -333,6 +333,27 @@ def test_a_bounded_sweep_says_its_progress_and_ends_in_a_sentence(monkeypatch, t
     )
 
 
+def test_the_runs_folder_comes_from_the_environment_as_for_every_stage(
+    monkeypatch, tmp_path, capsys
+):
+    """$ITERAGPU_RUNS_DIR without --runs-dir, as fit and report read it (runs/ before)."""
+    _, runs_dir = replay(monkeypatch, tmp_path, "20261202T125841Z-8537a8-sweep")
+    monkeypatch.setattr(sweep.run_folders, "RUNS", tmp_path / "not-runs")  # never runs/ here
+    monkeypatch.setenv("ITERAGPU_RUNS_DIR", str(runs_dir))
+    argv = ["--device", "cuda:0", "--vary", "width", "--start", "8", "--factor", "1.2"]
+    assert sweep.main([*argv, "--max-steps", "2"]) == 0
+    [summary_file] = runs_dir.glob("*-sweep/sweep.json")
+    points = json.loads(summary_file.read_text())["points"]
+    assert recorded_runs(runs_dir) == [point["run"] for point in points]
+    assert not (tmp_path / "not-runs").exists()
+    missing = tmp_path / "no-such-runs"
+    monkeypatch.setenv("ITERAGPU_RUNS_DIR", str(missing))
+    capsys.readouterr()
+    assert sweep.main([*argv, "--max-steps", "2"]) == 2
+    assert capsys.readouterr().err == f"sweep.py: error: {missing} is not an existing folder\n"
+    assert not missing.exists()
+
+
 def test_the_time_left_is_the_median_point_times_the_steps_left(capsys):
     """The first point also waited for PyTorch to load: it counts only while alone."""
 

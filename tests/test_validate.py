@@ -601,6 +601,28 @@ def test_a_tree_is_walked_and_every_file_is_counted(tmp_path):
     ]
 
 
+def test_a_sweep_points_unfinished_folder_is_named_in_one_line_and_not_read(tmp_path):
+    """What `kill -9` of a sweep leaves: its point's hidden folder, empty, or with a file
+    half written. Said, not read (nothing in it is a run), and no failure: the runs beside it
+    are whole (passed over in silence before)."""
+    runs = evidence_tree(tmp_path)
+    empty = runs / ".20261202T000005Z-000005.partial"
+    empty.mkdir()
+    torn = runs / ".20261202T000006Z-000006.partial"
+    torn.mkdir()
+    (torn / "measurement.json").write_bytes(b'{"schema": ')
+    result = run_script("validate.py", str(runs))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    why = (
+        "skipped (a sweep point's folder never made whole: a sweep still measuring it, or one "
+        "interrupted (killed, its machine lost) whose point is no run; not read)"
+    )
+    lines = result.stdout.splitlines()
+    assert lines[:2] == [f"{empty}: {why}", f"{torn}: {why}"]
+    assert lines[-1] == "6 valid, 0 invalid, 7 skipped"
+
+
 def test_one_invalid_file_in_a_tree_makes_exit_1_and_is_named(tmp_path):
     runs = evidence_tree(tmp_path)
     grid_point = runs / "20261202T000003Z-equivalence-grid" / "fresh" / "float32-b1-c16-w64.json"

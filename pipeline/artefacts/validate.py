@@ -8,8 +8,9 @@ A folder is walked. Each *.json file in it is an artefact that names its schema 
 "schema" key (a file named environment.json or measurement.json must be that kind); each
 *.csv file is a results log, whose header is the kit grid's (data/resultats-bruts.csv) and
 whose rows are each checked; any other file is listed as skipped, with the reason, and so is
-a symbolic link (never followed). A file named on the command line is an artefact, or a log
-if it ends in .csv. The last line counts the files: "N valid, M invalid, K skipped".
+a symbolic link (never followed) and a sweep point's unfinished folder (.<run id>.partial: a
+sweep still measuring, or one interrupted; not read, no failure: the runs beside it are
+whole). A file named on the command line is an artefact, or a log if it ends in .csv. The last line counts the files: "N valid, M invalid, K skipped".
 
 Exit 0 all valid, 1 any file invalid (each error with its JSON path or line), 2 unusable
 input (a path that does not exist, a folder with nothing to validate, jsonschema missing).
@@ -46,7 +47,7 @@ except ImportError as exc:  # the GPU host's Python may lack them: say what to i
     )
     raise SystemExit(2) from None
 
-from pipeline.core import cli, json_input, phase_protocol, places, workload_kinds
+from pipeline.core import cli, json_input, phase_protocol, places, run_folders, workload_kinds
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
 from pipeline.predicting.trace_prediction import PredictionStatus
@@ -431,7 +432,9 @@ def beside_facts(path: Path) -> list[str]:
     one record of one process: they must be the same (fit.py reads the first, record.py the
     second). Errors name the first key that differs; a file that is not JSON is left to its
     own verdict."""
-    other = path.with_name("measurement.json" if path.name == "environment.json" else "environment.json")
+    other = path.with_name(
+        "measurement.json" if path.name == "environment.json" else "environment.json"
+    )
     if path.name not in NAMED_KINDS or not other.is_file() or not path.is_file():
         return []
     try:
@@ -632,10 +635,37 @@ def document_facts(document: dict) -> list[str]:
     kind = workload_kinds.of_schema(schema)
     if kind is None:
         return []
-    errors = MEASUREMENT_FACTS[kind.kind](document)
+    errors = MEASUREMENT_FACTS[kind.kind](document) + bounds_said_facts(document)
     if isinstance(document.get("environment"), dict):  # a prediction has none
         errors += environment_facts("$.environment", document["environment"])
     return errors
+
+
+# Since this time (commit 35dada1), every approximate traced prediction carries its bounds or
+# says why it has none ("unbounded"); the files written before it have neither, and are read
+# as they are (their predicted peak, said approximate). created_utc's pattern, one fixed
+# width in UTC, orders its text as its time.
+BOUNDS_SINCE = "2026-12-03T21:34:47Z"
+
+
+def bounds_said_facts(document: dict) -> list[str]:
+    """An approximate traced prediction written since BOUNDS_SINCE has its bounds or says why
+    not: without them fit would size a GPU by its central figure, under what it may need."""
+    prediction = document.get("prediction")
+    if (
+        not isinstance(prediction, dict)
+        or prediction.get("status") != PredictionStatus.APPROXIMATE
+        or "bounds" in prediction
+        or "unbounded" in prediction
+    ):
+        return []
+    if document["created_utc"] < BOUNDS_SINCE:
+        return []
+    return [
+        '$.prediction: approximate, with neither its bounds nor "unbounded" saying why it has '
+        f"none (every approximate prediction written since {BOUNDS_SINCE} has one or the "
+        "other): its predicted peak is not the most it may need"
+    ]
 
 
 def own_model_document_facts(document: dict) -> list[str]:
@@ -1281,16 +1311,28 @@ def model_config(path: Path) -> bool:
     )
 
 
+# The hidden folder a sweep's point measures into (.<run id>.partial), renamed to its run id
+# once whole: one found is a point still measuring, or what an interrupted sweep left.
+UNFINISHED = re.compile(rf"\.{run_folders.RUN_ID.pattern}\.partial")
+UNFINISHED_RUN = (
+    "a sweep point's folder never made whole: a sweep still measuring it, or one interrupted "
+    "(killed, its machine lost) whose point is no run; not read"
+)
+
+
 def walk(folder: Path) -> Iterator[tuple[Path, str, str]]:
     """(path, ARTEFACT | LOG | SKIPPED, why skipped) for each file below `folder`, by name.
     A folder named like a file (measurement.json/) is that file, found invalid; a symbolic
-    link is never followed, so a walk ends and stays inside the tree."""
+    link is never followed, so a walk ends and stays inside the tree; a sweep point's
+    unfinished folder is named, once, and not read."""
     with os.scandir(folder) as entries:
         ordered = sorted(entries, key=lambda entry: entry.name)
     for entry in ordered:
         path = Path(entry.path)
         if entry.is_symlink():
             yield path, SKIPPED, "a symbolic link, not followed"
+        elif entry.is_dir() and UNFINISHED.fullmatch(entry.name):
+            yield path, SKIPPED, UNFINISHED_RUN
         elif entry.is_dir() and path.suffix not in (".json", ".csv"):
             yield from walk(path)
         elif not (entry.is_dir() or entry.is_file()):

@@ -14,8 +14,9 @@ decoder's) and own-model logs (the decoder log's columns, then the own model's) 
 the output has the widest header among the inputs', where a seed-network row reads workload
 "network" and every row has empty cells for the columns of the other workloads.
 
-Exit 0 written; 1 an invalid row or a conflict; 2 bad input (a missing input, an output
-that exists).
+Exit 0 written; 1 an invalid row or a conflict; 2 bad input (a missing input, a file that
+is not a results log at all: not UTF-8, or its first line no log's header; an output that
+exists).
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def merge_rows(logs: list[tuple[str, list[tuple[int, dict]]]]) -> tuple[list[dic
     return [row for _, (_, row) in sorted(kept.items())], conflicts
 
 
+# What validate.log_records says of a file that is no results log at all, not of a log
+NOT_A_LOG = ("$: not UTF-8", "line 1: not the header of")
+
+
 def merge(inputs: list[Path], output: Path) -> int:
     if output.is_symlink() and not output.exists():
         raise cli.UsageError(
@@ -78,6 +83,8 @@ def merge(inputs: list[Path], output: Path) -> int:
     errors, logs = [], []
     for path, content in data.items():
         rows, problems = validate.check_log(content, registry, protocol, keep_rows=True)
+        if shape := next((p for p in problems if p.startswith(NOT_A_LOG)), None):
+            raise cli.UsageError(f"{path}: {shape}: not a results log")
         errors += [f"{path}: {problem}" for problem in problems]
         logs.append((str(path), rows))
     # the widest header of the inputs': each header is the one before it and more columns

@@ -17,8 +17,10 @@ its row goes to runs/resultats-decoder.csv; with a workload file, `own_model.py 
 varying batch or a declared dimension, into runs/resultats-own.csv; a Hugging Face config.json
 is such a workload, its dimensions sequence or image, new_tokens, lora_rank). A point's
 folder appears only once whole (it is built under a hidden name, then renamed), so Ctrl-C
-leaves whole runs only. runs/<id>-sweep/sweep.json summarises the sweep: the largest
-configuration that fitted, its peaks, and predicted against measured counters per point.
+leaves whole runs only (`kill -9` may leave the hidden .<id>.partial folder, which validate
+names). runs/ is $ITERAGPU_RUNS_DIR where set, as for every stage. runs/<id>-sweep/sweep.json
+summarises the sweep: the largest configuration that fitted, its peaks, and predicted
+against measured counters per point.
 Exit 0 done (an out-of-memory point ends a sweep normally), 1 a point failed validation,
 2 bad input or a refused measurement, 130 interrupted.
 """
@@ -104,7 +106,7 @@ def build_parser(workload: str = "network") -> argparse.ArgumentParser:
     )
     base = "the base configuration (the varied one starts at --start)"
     SWEEPS[kind.kind].add_configuration(parser, base)
-    parser.add_argument("--runs-dir", default=str(run_folders.RUNS), help=argparse.SUPPRESS)
+    parser.add_argument("--runs-dir", help=argparse.SUPPRESS)  # else $ITERAGPU_RUNS_DIR, runs/
     parser.add_argument("--no-fork", action="store_true", help="fresh interpreters instead")
     return parser
 
@@ -634,7 +636,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     registry = validate.load_registry()
     plan = plan_from(args, registry)
     device = f"cuda:{arguments.device_index(cli.device(args.device))}"
-    runs_dir = cli.existing_folder(Path(args.runs_dir))
+    runs_dir = run_folders.runs_directory(args.runs_dir)
     vary, bound = plan["vary"], plan["stop"].get("max_steps")
     kind = workload_kinds.of_name(plan["workload"])
     sweeping = SWEEPS[kind.kind]
