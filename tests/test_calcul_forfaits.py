@@ -521,7 +521,9 @@ def test_help_is_exit_0(tmp_path):
 
 # file, line and reason; and what the row schema says: "row" a row fails it, "grid" every
 # row passes (the rule spans rows: the script checks it), "file" no rows to validate.
-CENTS = "lot_price_cents must be a positive integer of USD cents, at most 999999999999 (12 digits), got"
+CENTS = (
+    "lot_price_cents must be a positive integer of USD cents, at most 999999999999 (12 digits), got"
+)
 BAD_FILES = [
     ("bad-missing-column.csv", 1, "missing column 'currency'", "row"),
     ("bad-unknown-column.csv", 1, "unknown column 'vat_included'", "row"),

@@ -470,13 +470,36 @@ BROKEN_AND_FIXED = {
 
 # Grids committed with bounds broken whose cause is not found yet: {folder: (count, what is
 # known)}. Pinned as above: a new one fails, and so does one that goes away unexplained.
-BROKEN_OPEN: dict[str, tuple[int, str]] = {}
+BROKEN_OPEN: dict[str, tuple[int, str]] = {
+    "20261207T053000Z-idioms-generated-blind": (
+        40,
+        "22 models built on the meta device and given memory with to_empty: the trace without "
+        "a GPU counted the meta build as held at model_load (peak allocated under the lower "
+        "bound on an H100), fixed in module_conversion (every such to_empty named, no bounds); "
+        "17 transformers models built under torch.device: peak allocated of model_load and "
+        "inputs 512 B over the upper bound, cause not found; one Llama trained in float32 with "
+        "attention dropout (i144): the cold step's peak allocated 393,216 B under the lower "
+        "bound, the trace without a GPU taking the math attention path, cause not found",
+    ),
+}
 
 
 # A claimed exact that the H200 did not hold, found by a committed grid: {folder: (the
 # points, the cause)}. The list is pinned: a new one fails the test, and so does one of these
 # that is no longer there.
 FALSE_EXACT_FOUND = {
+    "20261207T053000Z-idioms-generated-blind": (
+        [
+            "i097-mlp-toempty-train-adamw-bfloat16",
+            "i191-mlp-toempty-eval-adamw-bfloat16",
+            "i198-mlp-toempty-train-nograd-float32",
+            "i219-mlp-toempty-eval-nograd-bfloat16",
+        ],
+        "a perceptron built on the meta device and given memory with to_empty: without a GPU "
+        "the meta device stands for the GPU, so the build was counted as held and model_load's "
+        "peak allocated was 64 to 128 KiB over the H100's; every to_empty from the meta device "
+        "is now named in a trace without a GPU (module_conversion.TO_EMPTY)",
+    ),
     "20261204T130000Z-hf-zoo-exact": (
         ["pythia-160m-inference-bf16-b2-s2000"],
         "the trace cloned the input of each nn.Dropout of the eval model (PyTorch's Python "

@@ -94,10 +94,13 @@ def test_an_exact_claim_the_history_contradicts_is_withdrawn():
     found = prediction(PredictionStatus.EXACT)
     history = gpu(("alloc", 4 * MIB), ("alloc", 3 * MIB))
     check = own_model.held_against_history(snapshot(history), torch.device("cuda", 0), found, 7)
-    assert check["agrees"] is False and check["history_ns"] == 7 and check["check_ns"] >= 0
+    assert check["agrees"] is False
+    assert check["history_ns"] == 7
+    assert check["check_ns"] >= 0
     assert found.status == PredictionStatus.APPROXIMATE
     assert [u["op"] for u in found.unknown] == [history_check.HISTORY]
-    assert found.unbounded is not None and found.bounds is None
+    assert found.unbounded is not None
+    assert found.bounds is None
 
 
 def test_an_exact_claim_the_history_bears_out_stays_exact():
@@ -106,7 +109,8 @@ def test_an_exact_claim_the_history_bears_out_stays_exact():
                   ("free", 512), ("alloc", 2 * MIB))  # fmt: skip
     check = own_model.held_against_history(snapshot(history), torch.device("cuda", 0), found, 0)
     assert check["agrees"] is True
-    assert found.status == PredictionStatus.EXACT and found.unknown == []
+    assert found.status == PredictionStatus.EXACT
+    assert found.unknown == []
 
 
 def test_no_history_or_a_history_that_dropped_its_start_checks_nothing():

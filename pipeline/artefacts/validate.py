@@ -10,7 +10,8 @@ A folder is walked. Each *.json file in it is an artefact that names its schema 
 whose rows are each checked; any other file is listed as skipped, with the reason, and so is
 a symbolic link (never followed) and a sweep point's unfinished folder (.<run id>.partial: a
 sweep still measuring, or one interrupted; not read, no failure: the runs beside it are
-whole). A file named on the command line is an artefact, or a log if it ends in .csv. The last line counts the files: "N valid, M invalid, K skipped".
+whole). A file named on the command line is an artefact, or a log if it ends in .csv. The
+last line counts the files: "N valid, M invalid, K skipped".
 
 Exit 0 all valid, 1 any file invalid (each error with its JSON path or line), 2 unusable
 input (a path that does not exist, a folder with nothing to validate, jsonschema missing).

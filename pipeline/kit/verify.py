@@ -22,8 +22,9 @@ Nothing is ever extracted; members are hashed in chunks, reading at most their d
 plus one byte.
 
 Exit codes: 0 the nine members intact (notes aside); 1 a member differs or is missing, or
-the zip holds other files or is hostile (each failure names the entry and the check); 2 unusable input (no such
-path, not a zip, a truncated zip, not a kit folder, no reference manifest).
+the zip holds other files or is hostile (each failure names the entry and the check); 2
+unusable input (no such path, not a zip, a truncated zip, not a kit folder, no reference
+manifest).
 """
 
 from __future__ import annotations

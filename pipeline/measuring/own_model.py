@@ -652,7 +652,9 @@ def held_against_history(snapshot, device, prediction, history_ns: int) -> dict 
         prediction.status = PredictionStatus.APPROXIMATE
         unknown = {"op": history_check.HISTORY, "calls": 0, "why": history_check.why(found)}
         prediction.unknown.append(unknown)
-        prediction.unbounded = "the GPU's own history contradicted the replay: no bounds are claimed"
+        prediction.unbounded = (
+            "the GPU's own history contradicted the replay: no bounds are claimed"
+        )
     return found
 
 

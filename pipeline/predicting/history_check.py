@@ -24,7 +24,6 @@ Standard library only.
 from __future__ import annotations
 
 from pipeline.core import allocator_model
-from pipeline.core.phase_protocol import COUNTER_KEYS
 
 HISTORY = "the allocator's history"
 WANTED = {"alloc": "alloc", "free_completed": "free"}
@@ -120,10 +119,4 @@ def why(found: dict) -> str:
         f"at its event {first['position']:,} ({first['phase']}, the replay at "
         f"{first['operator']}) the GPU's allocator history shows {said(first['gpu'])} where "
         f"the replay has {said(first['replay'])}"
-    )
-
-
-def counters_equal(rows: list[dict], predicted: list[dict]) -> bool:
-    return len(rows) == len(predicted) and all(
-        row[key] == expected[key] for row, expected in zip(rows, predicted) for key in COUNTER_KEYS
     )

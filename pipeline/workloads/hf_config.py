@@ -60,7 +60,10 @@ HEAD_SPLITS = (
     ("d_model", "encoder_attention_heads", "head_dim"),
     ("d_model", "decoder_attention_heads", "head_dim"),
 )
-KV_SPLITS = (("num_attention_heads", "num_key_value_heads"), ("num_attention_heads", "num_kv_heads"))
+KV_SPLITS = (
+    ("num_attention_heads", "num_key_value_heads"),
+    ("num_attention_heads", "num_kv_heads"),
+)
 # The trace's budget: every decoder layer once per forward pass, each layer pass some 10 to
 # 25 ms on a 2-core CPU; the default admits Llama 3.1 8B generating 128 tokens (32 layers x
 # 128 forwards x 4 steps: 16,384) and refuses what would run for over about 10 minutes.
@@ -108,23 +111,22 @@ def check_sizes(config: dict, path: Path) -> None:
             if key not in section or (section[key] is None and key in NULLABLE):
                 continue
             value = section[key]
-            values = value if key in ("image_size", "patch_size") and isinstance(value, list) else [value]  # fmt: skip
-            if not values or not all(
-                type(v) is int and 1 <= v <= limit for v in values  # noqa: E721 (not bool)
-            ):
+            # a list gives one value a stage (LeViT's heads, Swin's depths, an image's sides)
+            values = value if isinstance(value, list) else [value]
+            if not values or not all(type(v) is int and 1 <= v <= limit for v in values):
                 raise cli.UsageError(
                     f"--hf-config {path}: {prefix}{key} is {short(value)}, not an integer from 1 "
                     f"to {limit:,} (the lab's limit for {what})"
                 )
         for width, heads, head_size in HEAD_SPLITS:
             w, h = section.get(width), section.get(heads)
-            if isinstance(w, int) and isinstance(h, int) and section.get(head_size) is None:
-                if w % h:
-                    raise cli.UsageError(
-                        f"--hf-config {path}: {prefix}{width} {w} is not a multiple of "
-                        f"{prefix}{heads} {h}: each head takes an equal part of the width "
-                        f"(or {head_size} says its size)"
-                    )
+            sized = section.get(head_size) is not None
+            if isinstance(w, int) and isinstance(h, int) and not sized and w % h:
+                raise cli.UsageError(
+                    f"--hf-config {path}: {prefix}{width} {w} is not a multiple of "
+                    f"{prefix}{heads} {h}: each head takes an equal part of the width "
+                    f"(or {head_size} says its size)"
+                )
         for heads, kv in KV_SPLITS:
             h, k = section.get(heads), section.get(kv)
             if isinstance(h, int) and isinstance(k, int) and h % k:
@@ -166,7 +168,9 @@ def layer_count(built) -> int:
     text = built.get_text_config()
     layers = getattr(text, "num_hidden_layers", None) or 1
     if getattr(built, "is_encoder_decoder", False):
-        decoder = getattr(built, "num_decoder_layers", None) or getattr(built, "decoder_layers", None)
+        decoder = getattr(built, "num_decoder_layers", None) or getattr(
+            built, "decoder_layers", None
+        )
         layers += decoder or layers
     return layers
 

@@ -49,7 +49,7 @@ TOKENS = {"tied_lm", "gpt2", "llama"}  # models of token ids; the others take ve
 VOCAB, CLASSES = 1000, 10
 
 MODELS = {
-    "mlp": '''
+    "mlp": """
 class Model(torch.nn.Module):
     def __init__(self, width=256):
         super().__init__()
@@ -63,8 +63,8 @@ class Model(torch.nn.Module):
         h = self.act(self.up(x))
         INPLACE
         return self.down(self.drop(h)) BUFFER_USE
-''',
-    "tied_lm": '''
+""",
+    "tied_lm": """
 class Model(torch.nn.Module):
     def __init__(self, vocab=1000, width=256):
         super().__init__()
@@ -79,8 +79,8 @@ class Model(torch.nn.Module):
         h = torch.relu(self.mix(self.emb(ids)))
         INPLACE
         return self.head(self.drop(h)) BUFFER_USE
-''',
-    "conv": '''
+""",
+    "conv": """
 class Model(torch.nn.Module):
     def __init__(self, channels=32):
         super().__init__()
@@ -94,8 +94,8 @@ class Model(torch.nn.Module):
         h = torch.relu(self.norm(self.conv(x)))
         INPLACE
         return self.head(self.drop(h.mean((2, 3)))) BUFFER_USE
-''',
-    "encoder": '''
+""",
+    "encoder": """
 class Model(torch.nn.Module):
     def __init__(self, width=128):
         super().__init__()
@@ -108,18 +108,18 @@ class Model(torch.nn.Module):
         h = self.layer(x)
         INPLACE
         return self.head(h.mean(1)) BUFFER_USE
-''',
+""",
 }
 HF = {
-    "gpt2": '''
+    "gpt2": """
 def Model():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     return GPT2LMHeadModel(GPT2Config(vocab_size=1000, n_positions=256, n_embd=128, n_layer=2,
                                       n_head=4, resid_pdrop=P_DROP, embd_pdrop=P_DROP,
                                       attn_pdrop=P_DROP))
-''',
-    "llama": '''
+""",
+    "llama": """
 def Model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -127,7 +127,7 @@ def Model():
                                         num_hidden_layers=2, num_attention_heads=4,
                                         num_key_value_heads=2, max_position_embeddings=256,
                                         attention_dropout=P_DROP, tie_word_embeddings=True))
-''',
+""",
 }
 
 BUILD = {
@@ -260,8 +260,10 @@ def source(point: dict) -> str:
     if step == "inference":
         lines.append("    return Workload(model, make_inputs)")
     elif step in ("adamw", "sgd"):
-        optimizer = "AdamW(model.parameters(), lr=1e-4)" if step == "adamw" else (
-            "SGD(model.parameters(), lr=1e-2, momentum=0.9)"
+        optimizer = (
+            "AdamW(model.parameters(), lr=1e-4)"
+            if step == "adamw"
+            else ("SGD(model.parameters(), lr=1e-2, momentum=0.9)")
         )
         lines += [
             f"    optimizer = torch.optim.{optimizer}",
