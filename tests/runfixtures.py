@@ -295,3 +295,74 @@ def make_own_model_run(runs_dir: Path, n: int = 0, flags=RESNET) -> Path:
     folder.mkdir()
     assert own_model_run(folder, list(flags)) == 0
     return folder
+
+
+# A one-layer Llama of published shape but tiny sizes: the configs the input checks edit.
+LLAMA_1B = json.loads((ROOT / "tests/data/hf-configs/llama-3.2-1b.json").read_text())
+SMALL_LLAMA = {
+    **LLAMA_1B,
+    "num_hidden_layers": 1,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+# A workload file whose output layer shares the embedding's weight (1000 x 512, float32),
+# reaching the device in each of the ways users write it.
+TIED_WORKLOAD = """
+import torch
+from own_model import Workload
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(1000, 512)
+        self.head = torch.nn.Linear(512, 1000, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.emb(ids))
+
+
+def inputs(config):
+    return lambda: torch.randint(0, 1000, (config.batch, 16), device=config.device)
+
+
+def training(model, config):
+    optimizer = torch.optim.AdamW(model.parameters())
+    step = lambda model, ids: model(ids).float().logsumexp(-1).mean()
+    return Workload(model, inputs(config), step=step, optimizer=optimizer)
+
+
+def moved(config):
+    return training(Tied().to(device=config.device, dtype=config.dtype), config)
+
+
+def moved_then_cast(config):
+    return training(Tied().to(config.device).to(config.dtype), config)
+
+
+def built_there(config):
+    with torch.device(config.device):
+        model = Tied()
+    return training(model, config)
+
+
+def emptied(config):
+    with torch.device("meta"):
+        model = Tied()
+    return training(model.to_empty(device=config.device), config)
+
+
+def emptied_untied(config):
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    return Workload(model.to_empty(device=config.device), lambda: torch.randn(
+        config.batch, 512, device=config.device))
+"""

@@ -9,6 +9,7 @@ import json
 import pickle
 
 import pytest
+import runfixtures
 from conftest import PIPELINE, run_script
 
 from kit import mesure_memoire
@@ -171,47 +172,13 @@ def test_replayed_under_the_gpus_own_segment_order_the_trace_is_exact(tmp_path):
     )
 
 
-TIED = """
-import torch
-from own_model import Workload
-
-
-class Tied(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(1000, 512)
-        self.head = torch.nn.Linear(512, 1000, bias=False)
-        self.head.weight = self.emb.weight
-
-    def forward(self, ids):
-        return self.head(self.emb(ids))
-
-
-def inputs(config):
-    return lambda: torch.randint(0, 1000, (config.batch, 16), device=config.device)
-
-
-def moved(config):
-    model = Tied().to(device=config.device, dtype=config.dtype)
-    optimizer = torch.optim.AdamW(model.parameters())
-    step = lambda model, ids: model(ids).float().logsumexp(-1).mean()
-    return Workload(model, inputs(config), step=step, optimizer=optimizer)
-
-
-def emptied(config):
-    with torch.device("meta"):
-        model = Tied()
-    return Workload(model.to_empty(device=config.device), inputs(config))
-"""
-
-
 @pytest.mark.parametrize(("function", "weights"), [("moved", 1), ("emptied", 2)])
 def test_a_tied_weight_is_held_as_the_gpu_holds_it(tmp_path, function, weights):
     """Moved from the CPU, the tie stays one tensor; to_empty from the meta device gives
     each module its own (Module._apply's new Parameter): the trace beside the GPU says the
     same, and its replay asks the GPU for the same blocks."""
     path = tmp_path / "tied.py"
-    path.write_text(TIED, encoding="utf-8")
+    path.write_text(runfixtures.TIED_WORKLOAD, encoding="utf-8")
     document, _ = measure(tmp_path, f"{path}:{function}", "--batch", "2")
     assert document["workload"]["parameters"]["bytes"] == weights * 1000 * 512 * 4
     assert document["phases"][0]["allocated_bytes"] == weights * 2048000

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import runfixtures
 from conftest import ROOT
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -21,20 +22,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 MAX_CONFIG_BYTES = 4 << 20  # hf_config.py's limit, as the documentation states it
 
-LLAMA = json.loads((ROOT / "tests/data/hf-configs/llama-3.2-1b.json").read_text())
+LLAMA = runfixtures.LLAMA_1B
 BASE = {**LLAMA, "num_hidden_layers": 2}  # the hostile/cfg/base.json
-SMALL = {
-    **LLAMA,
-    "num_hidden_layers": 1,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 256,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-}
+SMALL = runfixtures.SMALL_LLAMA
 
 
 def run(capsys, tmp_path, config: dict | str | bytes, *options: str) -> tuple[int, str]:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import runfixtures
 from conftest import ROOT, RUNS, call_main, run_script
 
 from pipeline.measuring import own_model
@@ -18,19 +19,8 @@ from pipeline.stages import fit
 
 OWN_RUN = RUNS / "20261203T131050Z-own-model-chain" / "20261203T131050Z-74623e"
 LARGE_RUN = RUNS / "20261202T112323Z-50900d"  # a kit run on the H200
-LLAMA = json.loads((ROOT / "tests/data/hf-configs/llama-3.2-1b.json").read_text())
-SMALL = {
-    **LLAMA,
-    "num_hidden_layers": 1,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 256,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-}
+LLAMA = runfixtures.LLAMA_1B
+SMALL = runfixtures.SMALL_LLAMA
 
 
 def measurement() -> dict:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import runfixtures
 import torch
 from conftest import ROOT
 
@@ -21,63 +22,10 @@ from pipeline.predicting.trace_prediction import PredictionStatus
 VOCAB, WIDTH = 1000, 512
 EMBEDDING = VOCAB * WIDTH * 4  # float32
 
-TIED = """
-import torch
-from own_model import Workload
-
-
-class Tied(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(1000, 512)
-        self.head = torch.nn.Linear(512, 1000, bias=False)
-        self.head.weight = self.emb.weight
-
-    def forward(self, ids):
-        return self.head(self.emb(ids))
-
-
-def inputs(config):
-    return lambda: torch.randint(0, 1000, (config.batch, 16), device=config.device)
-
-
-def training(model, config):
-    optimizer = torch.optim.AdamW(model.parameters())
-    step = lambda model, ids: model(ids).float().logsumexp(-1).mean()
-    return Workload(model, inputs(config), step=step, optimizer=optimizer)
-
-
-def moved(config):
-    return training(Tied().to(device=config.device, dtype=config.dtype), config)
-
-
-def moved_then_cast(config):
-    return training(Tied().to(config.device).to(config.dtype), config)
-
-
-def built_there(config):
-    with torch.device(config.device):
-        model = Tied()
-    return training(model, config)
-
-
-def emptied(config):
-    with torch.device("meta"):
-        model = Tied()
-    return training(model.to_empty(device=config.device), config)
-
-
-def emptied_untied(config):
-    with torch.device("meta"):
-        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
-    return Workload(model.to_empty(device=config.device), lambda: torch.randn(
-        config.batch, 512, device=config.device))
-"""
-
 
 def estimate(capsys, tmp_path, function: str) -> dict:
     path = tmp_path / "tied.py"
-    path.write_text(TIED, encoding="utf-8")
+    path.write_text(runfixtures.TIED_WORKLOAD, encoding="utf-8")
     argv = ["estimate", "--workload", f"{path}:{function}", "--batch", "2", "--json"]
     assert own_model.main(argv) == 0
     return json.loads(capsys.readouterr().out)
