@@ -163,10 +163,19 @@ def check_rope(config: dict, path: Path) -> None:
                     )
 
 
+def largest(config, name: str, default: int) -> int:
+    """A size field's value, the largest stage's where the config gives one a stage (LeViT's
+    heads and widths are lists); `default` where the field is absent or empty."""
+    value = getattr(config, name, None)
+    if isinstance(value, (list, tuple)):
+        value = max((v for v in value if isinstance(v, int)), default=None)
+    return value or default
+
+
 def layer_count(built) -> int:
     """The layers one forward pass runs: the text model's, and a decoder's beside its encoder."""
     text = built.get_text_config()
-    layers = getattr(text, "num_hidden_layers", None) or 1
+    layers = largest(text, "num_hidden_layers", 1)
     if getattr(built, "is_encoder_decoder", False):
         decoder = getattr(built, "num_decoder_layers", None) or getattr(
             built, "decoder_layers", None
@@ -188,7 +197,7 @@ def over_budget(built, task: str, dims: dict, batch: int, steps: int, budget: in
             f"{budget:,} (--layer-pass-budget)"
         )
     text = built.get_text_config()
-    width = getattr(text, "hidden_size", None) or 1
+    width = largest(text, "hidden_size", 1)
     if "lora_rank" in dims:  # peft makes the adapters in host memory, whatever the device
         adapters = layers * 4 * dims["lora_rank"] * 2 * width * 4  # q, k, v, o: A and B
         if adapters > MAX_ADAPTER_HOST_BYTES:
@@ -197,9 +206,9 @@ def over_budget(built, task: str, dims: dict, batch: int, steps: int, budget: in
                 f"adapters in host memory ({layers} layers, width {width}), over the limit of "
                 f"{MAX_ADAPTER_HOST_BYTES:,} bytes (4 GiB)"
             )
-    heads = getattr(text, "num_attention_heads", None) or 1
-    vocab = getattr(text, "vocab_size", None) or 1
-    ffn = getattr(text, "intermediate_size", None) or 4 * width
+    heads = largest(text, "num_attention_heads", 1)
+    vocab = largest(text, "vocab_size", 1)
+    ffn = largest(text, "intermediate_size", 4 * width)
     if "image" in dims:
         side, patch = dims["image"], getattr(built, "patch_size", None)
         patch = patch if isinstance(patch, int) else 1
