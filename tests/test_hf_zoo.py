@@ -475,7 +475,8 @@ BROKEN_OPEN: dict[str, tuple[int, str]] = {
         18,
         "the same points as the generated blind grid, after the to_empty fix: the 17 "
         "transformers models built under torch.device (512 B more on the GPU from model_load "
-        "on) and the float32 Llama with attention dropout; causes not found",
+        "on), cause not found; and the float32 Llama with attention dropout, fixed since in "
+        "fused_dropout",
     ),
     "20261207T053000Z-idioms-generated-blind": (
         40,
@@ -485,7 +486,9 @@ BROKEN_OPEN: dict[str, tuple[int, str]] = {
         "17 transformers models built under torch.device: peak allocated of model_load and "
         "inputs 512 B over the upper bound, cause not found; one Llama trained in float32 with "
         "attention dropout (i144): the cold step's peak allocated 393,216 B under the lower "
-        "bound, the trace without a GPU taking the math attention path, cause not found",
+        "bound: at::dropout, called from C++ by the math attention kernel, took the meta "
+        "device's noise tensor where a GPU takes the fused kernel's byte mask; fixed in "
+        "fused_dropout (runs/20261207T064500Z-dropout-in-math-attention/)",
     ),
 }
 

@@ -440,6 +440,20 @@ def add_fake_kernel(op, kernel):
     return undo
 
 
+def composite_kernel(torch, name: str, kernel):
+    """`aten::name` decomposes into `kernel(*args)` in place of its C++ composite (registered
+    at CompositeImplicitAutograd), also where C++ code calls it; returns the undo, which
+    removes the registration (Library._destroy) and so brings the C++ one back."""
+    import warnings
+
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": meant
+        warnings.simplefilter("ignore")
+        library.impl(name, kernel, "CompositeImplicitAutograd")
+    forget_cached_calls(getattr(torch.ops.aten, name).default)
+    return library._destroy
+
+
 def never_cached(fake_mode, ops):
     """`fake_mode` computes each call of `ops` anew, never from its dispatch cache, whose
     entries remake an output from its shape, strides and dtype alone: a loss whose scalar

@@ -50,6 +50,7 @@ from pipeline.predicting import (
     cudnn_rnn,
     fast_paths,
     fused_cells,
+    fused_dropout,
     kernel_formulas,
     loss_outputs,
     module_conversion,
@@ -564,6 +565,8 @@ class Tracer:
                 self._patch_fast_paths()
                 if self.trace.device == "meta":
                     self._patch_autocast()
+                    if self.target is not None:
+                        self._undo.append(fused_dropout.install(self.torch))
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
                 self._undo.append(fused_cells.add_fake_kernels(self.torch))
                 self._undo.append(module_conversion.install(self.torch, self))
