@@ -180,19 +180,15 @@ def on_a_terminal(script: str, *args: str) -> tuple[int, str, list[str]]:
 def requests_between_frees(events) -> list:
     """Allocator events, (action, bytes), as requests' blocks in order and, between two
     requests, the blocks freed as one sorted group (a trace tells frees at the next
-    operator); what the end frees is left out."""
-    from pipeline.core import allocator_model
+    operator); what the end frees is left out. The grouping every measurement's own check
+    makes (history_check.grouped), in the tests' shape: ("alloc", bytes), ("free", [bytes])."""
+    from pipeline.predicting import history_check
 
-    found, freed = [], []
-    for action, nbytes in events:
-        size = allocator_model.block_bytes(nbytes)
-        if action == "alloc":
-            found += [("free", sorted(freed))] if freed else []
-            found.append(("alloc", size))
-            freed = []
-        else:
-            freed.append(size)
-    return found
+    grouped = history_check.grouped([(action, nbytes, None) for action, nbytes in events])
+    return [
+        (action, sizes[0]) if action == "alloc" else (action, list(sizes))
+        for action, sizes, _ in grouped
+    ]
 
 
 def gpu_requests(function) -> list:

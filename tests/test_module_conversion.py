@@ -116,7 +116,7 @@ def test_a_gpu_gives_a_new_parameter_where_the_tensor_types_are_not_compatible(
         def __init__(self, where):
             self.device = torch.device(where)
 
-    assert module_conversion.new_parameter(torch, At(old), At(new), torch.device(target)) is renewed
+    assert module_conversion.new_parameter(At(old), At(new), torch.device(target)) is renewed
 
 
 HOST_BUILT = """

@@ -47,12 +47,11 @@ TO_EMPTY_WHY = (
 )
 
 
-def new_parameter(torch, old, new, target) -> bool:
+def new_parameter(old, new, target) -> bool:
     """Whether a GPU run's `_apply` gives the module a new Parameter for `old` converted to
     `new`: their tensor types are not compatible, which among the devices a workload uses
     means that one is on the meta device and the other is not. Without a GPU (target meta)
     the meta device is the GPU's stand-in: a conversion between the two is an in-place one."""
-    del torch
     if target.type == "meta":
         return False
     return (old.device.type == "meta") != (new.device.type == "meta")
@@ -89,7 +88,7 @@ def install(torch, tracer):
 
         def converted(tensor):
             out = fn(tensor)
-            if isinstance(tensor, Parameter) and new_parameter(torch, tensor, out, target):
+            if isinstance(tensor, Parameter) and new_parameter(tensor, out, target):
                 renewed[id(tensor)] = (tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
             return out
 
