@@ -185,3 +185,49 @@ def test_a_tied_weight_is_held_as_the_gpu_holds_it(tmp_path, function, weights):
     assert document["prediction"]["phases"][0]["allocated_bytes"] == weights * 2048000
     assert document["history_check"]["agrees"] is True
     honest(document)
+
+
+DATA_BUILT_WORKLOAD = """
+import torch
+from own_model import Workload
+
+KEPT = {}  # a module-level cache, as libraries keep one
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.norm = torch.nn.BatchNorm1d(64)  # num_batches_tracked: torch.tensor(0)
+        self.register_buffer("scale", torch.tensor([0.5] * 64))
+
+    def forward(self, x):
+        return self.norm(self.lin(x)) * self.scale
+
+
+def built_on_device(config):
+    with torch.device(config.device):
+        model = Net().to(config.dtype)
+        KEPT["offset"] = torch.tensor([1.0] * 1000)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    make_inputs = lambda: torch.randn(config.batch, 64, device=config.device, dtype=config.dtype)
+    return Workload(model, make_inputs, step=lambda m, x: m(x).sum(), optimizer=optimizer)
+"""
+
+
+def test_tensors_built_from_data_on_the_gpu_are_the_traces_and_stay_off_the_gpu(tmp_path):
+    """torch.tensor(data) under torch.device("cuda") (BatchNorm's counter, a buffer, a
+    module-level cache) is copied to the GPU by C++ before the trace's fake mode sees it: the
+    trace must build it fake, or a real block outlives the trace into the measurement. The
+    measurement starts from an empty GPU, the blocks come at model_load as the trace says,
+    and the history agrees."""
+    path = tmp_path / "data_built.py"
+    path.write_text(DATA_BUILT_WORKLOAD, encoding="utf-8")
+    document, _ = measure(tmp_path, f"{path}:built_on_device", "--batch", "4")
+    first = document["phases"][0]
+    assert (first["baseline_allocated_bytes"], first["baseline_reserved_bytes"]) == (0, 0)
+    # the weight (16,384 B), 7 blocks of 512 (bias, BatchNorm's four and its counter, scale)
+    # and the cache's 4,000 B in 4,096
+    assert first["allocated_bytes"] == first["predicted"]["allocated_bytes"] == 24064
+    assert document["history_check"]["agrees"] is True, document["history_check"]
+    honest(document)

@@ -693,7 +693,11 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     tensor, which the next operator refuses ("Please convert all Tensors to FakeTensors
     first"). Transformers' caches start that way (`torch.tensor([], device=...)`). Built on
     the CPU and copied to the device instead, it is fake, and allocated on the device as a
-    GPU run allocates it.
+    GPU run allocates it. For a CUDA device the same C++ copies the data to the GPU before
+    the fake mode sees it: the trace beside a measurement would allocate a real block there,
+    which a module or a cache can keep into the measurement (BatchNorm's
+    `num_batches_tracked`, built under `torch.device("cuda")`, held 512 B before model_load).
+    It is built the same way: on the CPU, then copied as a fake tensor.
 
     On a GPU's fake tensors (`meta=False`, the trace beside a measurement), only
     scaled_dot_product_attention goes through the target's rule, so that the trace makes the
@@ -780,6 +784,13 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
                     if cudnn_rnn.packed(args):
                         trace.notes.setdefault(cudnn_rnn.PACKED_CALLS, cudnn_rnn.PACKED_WHY)
                     return routed
+            if func in from_data and args and not isinstance(args[0], torch.Tensor):
+                device = torch.device(kwargs.get("device") or "cpu")
+                if device.type in ("meta", "cuda"):
+                    kwargs = dict(kwargs, device="cpu")
+                    grad = kwargs.pop("requires_grad", False)
+                    kwargs.pop("pin_memory", None)
+                    return func(*args, **kwargs).to(device).requires_grad_(grad)
             if not meta:
                 return func(*args, **kwargs)
             if func is setitem and len(args) == 3 and type(args[2]) in (bool, int, float):
@@ -796,16 +807,6 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
             name = functions.get(func)
             if name is not None:
                 trace.notes.setdefault(name, META_CHOICES[name])
-            if (
-                func in from_data
-                and args
-                and not isinstance(args[0], torch.Tensor)
-                and torch.device(kwargs.get("device") or "cpu").type == "meta"
-            ):
-                kwargs = dict(kwargs, device="cpu")
-                grad = kwargs.pop("requires_grad", False)
-                kwargs.pop("pin_memory", None)
-                return func(*args, **kwargs).to("meta").requires_grad_(grad)
             return func(*args, **kwargs)
 
     return ChoiceNotes
