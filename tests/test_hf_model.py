@@ -243,6 +243,20 @@ def test_gradient_checkpointing_lowers_the_training_peak(capsys, tmp_path):
     assert cold(checkpointed) < cold(plain)
 
 
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "gpt2", "qwen2.5-0.5b", "gemma-2-2b"])
+def test_gradient_checkpointing_is_predicted_for_a_gpu(capsys, tmp_path, name):
+    """Checkpointing runs each layer's forward again inside the backward; for a GPU it must
+    make the calls the first forward made (the GPU's attention kernel), or PyTorch counts
+    other saved tensors and raises CheckpointError: every decoder did, with --gpu."""
+    path = written(tmp_path, reduced(name))
+    options = ("--task", "training", "--gpu", "h200")
+    plain = estimate(capsys, path, *options, sequence=64)
+    checkpointed = estimate(capsys, path, *options, "--gradient-checkpointing", sequence=64)
+    assert checkpointed["prediction"]["status"] != PredictionStatus.NOT_PREDICTED
+    calls = lambda d: d["prediction"]["trace"]["operator_calls"]  # noqa: E731
+    assert calls(checkpointed) > calls(plain)  # the forwards again
+
+
 def protocol(config: dict, task: str, device: str):
     """own_model's protocol over the config's workload (a cold step, one warm-up, one timed
     step) on `device`, at batch 2 × 16 tokens in float32, for tp.run_trace."""

@@ -740,13 +740,18 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     # (valueToTensor, python_variable_indexing.cpp); for a meta one, a block on the device.
     setitem = torch.Tensor.__setitem__
     # Every function the branches below look at: any other runs as it comes, at once.
-    special = {sdpa, setitem, *functions, *from_data, *recurrent, *dropouts, *batch_norms, *ctc,
-               *other_ways}  # fmt: skip
+    special = {sdpa, setitem, torch.Tensor.backward, *functions, *from_data, *recurrent,
+               *dropouts, *batch_norms, *ctc, *other_ways}  # fmt: skip
     # Python functions that hand themselves to the modes first (handle_torch_function) and
     # call functions of `special`: run, a mode's handler calls them with the mode off, so
     # that what they call would not be seen (nn.MultiheadAttention's general path and its
     # scaled_dot_product_attention: the meta device's math kernel, where a GPU takes flash).
-    nested = {torch.nn.functional.multi_head_attention_forward}
+    # The backward too: non-reentrant checkpointing (torch.utils.checkpoint, transformers'
+    # gradient_checkpointing_enable) runs the layer's forward again inside it, from the
+    # saved-tensor hooks, and must make the calls the first forward made, or it counts
+    # other saved tensors and raises CheckpointError.
+    nested = {torch.nn.functional.multi_head_attention_forward, torch.autograd.backward,
+              torch.autograd.grad}  # fmt: skip
     # Python functions that check a tensor's values and raise where they are bad, which fake
     # tensors cannot tell: the check's operators run, and it is taken as passed, as it is in
     # any run that goes on (gaussian_nll_loss: `torch.any(var < 0)`; Recorder answers it).
@@ -758,6 +763,16 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
             kwargs = kwargs or {}
             if func in nested:
                 return with_mode_inside(self, func, args, kwargs)
+            if func is torch.Tensor.backward:  # what its body calls, with the mode on
+                names = ("gradient", "retain_graph", "create_graph")
+                call = dict(zip(names, args[1:], strict=False))
+                call.update(kwargs)
+                return with_mode_inside(
+                    self, torch.autograd.backward, (args[0], call.get("gradient")),
+                    {"retain_graph": call.get("retain_graph"),
+                     "create_graph": call.get("create_graph", False),
+                     "inputs": call.get("inputs")},
+                )  # fmt: skip
             if func in checked:
                 trace.checks_passing += 1
                 try:
