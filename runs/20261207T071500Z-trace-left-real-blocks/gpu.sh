@@ -15,3 +15,6 @@ one() {
 }
 export -f one; export P out
 cut -d' ' -f1 "$R/points.txt" | xargs -P 4 -I{} bash -c 'one {}'
+# The checkpointing grid (../20261207T073000Z-checkpointing-blind/), measured.
+timeout 200 python3 tests/benchmarks/hf_zoo_grid.py measure --points runs/20261207T073000Z-checkpointing-blind/points.txt \
+  --out runs/20261207T073000Z-checkpointing-blind --measured-in "$out/checkpointing" --deadline-s 150 > "$out/checkpointing.txt" 2>&1
