@@ -365,13 +365,21 @@ def add_foreach_type(cls):
 
 
 def add_foreach_device(device: str):
-    """torch.optim takes its foreach kernels on `device` too (a meta trace stands for a GPU);
-    returns the undo."""
+    """torch.optim takes its foreach kernels, and accepts fused=True (the Trainer's default
+    optimizer, adamw_torch_fused), on `device` too (a meta trace stands for a GPU; the fused
+    kernels have meta implementations); returns the undo."""
     from torch.optim import optimizer
 
-    original = optimizer._get_foreach_kernels_supported_devices
-    optimizer._get_foreach_kernels_supported_devices = lambda: [*original(), device]
-    return lambda: setattr(optimizer, "_get_foreach_kernels_supported_devices", original)
+    names = ("_get_foreach_kernels_supported_devices", "_get_fused_kernels_supported_devices")
+    originals = {name: getattr(optimizer, name) for name in names}
+    for name, original in originals.items():
+        setattr(optimizer, name, lambda original=original: [*original(), device])
+
+    def undo():
+        for name, original in originals.items():
+            setattr(optimizer, name, original)
+
+    return undo
 
 
 def cudnn_rnn_operators(torch) -> tuple:

@@ -29,12 +29,17 @@ class Workload:
         its result inside (end values without it) or kept it somewhere (memory carried into
         every later phase): neither is the row the protocol defines, so it is refused.
     optimizer: a torch.optim.Optimizer over the model's parameters: a training step.
+    micro_batches: a training step's micro-batches (gradient accumulation, the Trainer's
+        gradient_accumulation_steps): each step runs step(model, inputs) and the backward of
+        its loss divided by micro_batches that many times, the gradients summed, before one
+        optimizer.step().
     """
 
     model: Any
     make_inputs: Callable[[], Any]
     step: Callable[[Any, Any], Any] | None = None
     optimizer: Any = None
+    micro_batches: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,3 +58,4 @@ class WorkloadFile:
     function: str
     source: str
     sha256: str
+    recipe: dict | None = None  # a --hf-config run's Trainer options (hf_model.Recipe)

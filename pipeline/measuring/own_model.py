@@ -100,6 +100,9 @@ ESTIMATE_BUDGET = 64
 # tokens and a LoRA rank of 65,536 are past anything run on one GPU (the layer-pass budget
 # and the model's width bound them further).
 MAX_BATCH, MAX_DIM, MAX_NEW_TOKENS, MAX_LORA_RANK = 1 << 20, 1 << 24, 1 << 16, 1 << 16
+# Gradient accumulation: each micro-batch is a forward and a backward traced one by one, so
+# their count multiplies the trace's time; 1,024 is past any recipe's.
+MAX_MICRO_BATCHES = 1 << 10
 FAILED_NOTE = (
     "the workload's own code raised an exception: this file records where, and is not a "
     "measurement (never recorded, never compared with a prediction)"
@@ -288,6 +291,16 @@ def check_workload(torch, workload, device, function: str) -> str:
                 "a training workload (an optimizer given) needs step(model, inputs) "
                 "returning the loss"
             )
+    micro = workload.micro_batches
+    if not (type(micro) is int and 1 <= micro <= MAX_MICRO_BATCHES):
+        raise cli.UsageError(
+            f"Workload.micro_batches is {micro!r}: an integer from 1 to {MAX_MICRO_BATCHES}"
+        )
+    if micro > 1 and workload.optimizer is None:
+        raise cli.UsageError(
+            f"Workload.micro_batches {micro}: gradient accumulation goes with a training "
+            "workload (an optimizer given)"
+        )
     named = itertools.chain(
         (("parameter", n, t) for n, t in workload.model.named_parameters()),
         (("buffer", n, t) for n, t in workload.model.named_buffers()),
@@ -372,6 +385,7 @@ def step_plan(torch, workload: Workload, inputs, kind: str, warmup: int, repeats
     returns its last step's result, so that it is alive for the end values; an earlier
     step's result is freed before the next step starts."""
     model, step, optimizer = workload.model, workload.step, workload.optimizer
+    micro = workload.micro_batches
 
     def steps(count: int, first: bool = False):
         def run():
@@ -386,9 +400,13 @@ def step_plan(torch, workload: Workload, inputs, kind: str, warmup: int, repeats
                 else:
                     if not first:
                         optimizer.zero_grad()
-                    result = step(model, inputs)
-                    check_loss(torch, result)
-                    result.backward()
+                    for _ in range(micro):
+                        result = None  # the last micro-batch's loss is freed before the next
+                        result = step(model, inputs)
+                        check_loss(torch, result)
+                        # as the Trainer does where the model does not scale its loss for
+                        # accumulation itself: the mean over the micro-batches
+                        (result / micro if micro > 1 else result).backward()
                     if not first:
                         optimizer.step()
                 check_result(torch, result)
@@ -430,6 +448,7 @@ def drive(torch, phase, function, name, config, dims, warmup, repeats, rows, fac
     kind = check_workload(torch, workload, config.device, name)
     facts["kind"] = kind
     facts["optimizer"] = type(workload.optimizer).__name__ if workload.optimizer else None
+    facts["micro_batches"] = workload.micro_batches
     facts["parameters"] = counted(workload.model.parameters())
     facts["buffers"] = counted(workload.model.buffers())
     row, inputs = phase("inputs", user(workload.make_inputs, "inputs"))
@@ -534,6 +553,8 @@ def workload_record(setting: Setting, facts: dict, rows: list[dict]) -> dict:
         "declared_defaults": setting.declared,
         "kind": kind,
         "optimizer": facts.get("optimizer"),
+        "micro_batches": facts.get("micro_batches", 1),
+        **({"recipe": setting.file.recipe} if setting.file.recipe else {}),
         "parameters": facts.get("parameters"),
         "buffers": facts.get("buffers"),
         "inputs": facts.get("inputs"),
@@ -687,10 +708,16 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
     --new-tokens and --lora-rank); the dtype: --dtype, else a config's own (as transformers
     builds a model from it), else float32."""
     given = list(args.dim)
+    recipe_flags = trainer_flags(args)
     if args.hf_config is None:
         if args.task or args.new_tokens or args.lora_rank or args.gradient_checkpointing:
             raise cli.UsageError(
                 "--task, --new-tokens, --lora-rank and --gradient-checkpointing go with --hf-config"
+            )
+        if recipe_flags:
+            raise cli.UsageError(
+                f"{recipe_flags[0]}: a Trainer's option, with --hf-config (a workload file "
+                "sets its own optimizer, autocast and Workload.micro_batches)"
             )
         return read_workload_file(*workload), given, args.dtype or DEFAULTS["dtype"]
     from pipeline.workloads import hf_model
@@ -704,11 +731,32 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
     steps = 1 + args.warmup + args.repeats
     budget = getattr(args, "layer_pass_budget", None) or hf_model.hf_config.LAYER_PASS_BUDGET
     given_hf = given + [(name, value) for name, value in options.items() if value is not None]
+    if getattr(args, "fp16", False):
+        raise cli.UsageError(
+            "--fp16: not modelled yet: the Trainer's float16 recipe scales the loss with a "
+            "GradScaler, whose skipped steps depend on the gradients' values; --bf16 is"
+        )
+    recipe = hf_model.Recipe(
+        optim=getattr(args, "optim", None),
+        gradient_accumulation_steps=getattr(args, "gradient_accumulation_steps", 1),
+        bf16=getattr(args, "bf16", False),
+    )
     file, named = hf_model.workload_file(
-        path, task, args.gradient_checkpointing, args.batch, given_hf, steps, budget
+        path, task, args.gradient_checkpointing, args.batch, given_hf, steps, budget, recipe
     )
     given += [(name, value) for name, value in options.items() if value is not None]
     return file, given, args.dtype or named or DEFAULTS["dtype"]
+
+
+def trainer_flags(args) -> list[str]:
+    """The Trainer's options given (add_hf_options), as flags: sweep.py passes them on."""
+    flags = []
+    if getattr(args, "optim", None) is not None:
+        flags += ["--optim", args.optim]
+    if getattr(args, "gradient_accumulation_steps", 1) != 1:
+        flags += ["--gradient-accumulation-steps", str(args.gradient_accumulation_steps)]
+    flags += [f"--{name}" for name in ("bf16", "fp16") if getattr(args, name, False)]
+    return flags
 
 
 def load(setting: Setting):
@@ -993,6 +1041,34 @@ def add_hf_options(parser) -> None:
     )
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="the model's own checkpointing"
+    )
+    # a Trainer's options (--task training or lora), as TrainingArguments names them
+    parser.add_argument(
+        "--optim",
+        metavar="NAME",
+        help="the optimizer the Trainer makes for this name (adamw_torch, adamw_torch_fused, "
+        "adafactor, sgd, ...); default: AdamW over foreach kernels",
+    )
+    parser.add_argument(
+        "--gradient-accumulation-steps",
+        type=cli.bounded_int(MAX_MICRO_BATCHES),
+        default=1,
+        metavar="N",
+        help=f"micro-batches of --batch each step accumulates (default 1, at most "
+        f"{MAX_MICRO_BATCHES})",
+    )
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument(
+        "--bf16",
+        action="store_true",
+        help="mixed precision: the forward under CUDA autocast to bfloat16, the weights, "
+        "gradients and optimizer state in --dtype (float32 for the Trainer's bf16=True on a "
+        "float32 model)",
+    )
+    precision.add_argument(
+        "--fp16",
+        action="store_true",
+        help="not modelled yet: refused (float16 autocast with a gradient scaler)",
     )
 
 

@@ -17,7 +17,12 @@ file, one path for both. Tasks:
 - lora: peft LoRA of rank `lora_rank` on the modules peft targets for the family (its
   attention projections), AdamW over the adapters (and over a classifier's head, which peft
   trains whole for a classification task).
-`--gradient-checkpointing` turns on the model's own (non-reentrant) checkpointing.
+`--gradient-checkpointing` turns on the model's own (non-reentrant) checkpointing. A training
+or lora task takes what a Trainer run adds, in TrainingArguments' words (Recipe): `--optim
+NAME` (the optimizer the Trainer makes for that name, with its parameter groups),
+`--gradient-accumulation-steps N` (N micro-batches a step), `--bf16` (the forward under CUDA
+autocast to bfloat16, as accelerate runs it for TrainingArguments(bf16=True); the weights stay
+in the run's dtype).
 
 transformers (and peft for lora) are imported only here, when a config is given.
 """
@@ -25,6 +30,7 @@ transformers (and peft for lora) are imported only here, when a config is given.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import inspect
@@ -62,6 +68,77 @@ MISSING = (
     "--hf-config needs transformers{peft}, not installed here: "
     "pip install 'transformers==5.23.0'{peft_pin} (pyproject.toml's `hf` group)"
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What a Trainer run adds to a training or lora task, in TrainingArguments' words.
+    The defaults are the lab's own step: AdamW (foreach, as torch picks on a GPU), one
+    micro-batch, no autocast."""
+
+    optim: str | None = None
+    gradient_accumulation_steps: int = 1
+    bf16: bool = False
+
+    def given(self) -> dict:
+        """The options that differ from the lab's own step (what a run records)."""
+        return {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if getattr(self, field.name) != field.default
+        }
+
+
+def check_recipe(recipe: Recipe, task: str) -> None:
+    """A recipe the lab runs as the Trainer would, else one line."""
+    given = recipe.given()
+    if not given:
+        return
+    if task not in ("training", "lora"):
+        options = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise cli.UsageError(f"{options}: a Trainer's options, for --task training or lora")
+    if recipe.optim is not None:
+        trainer_optimizer_class(recipe.optim)
+    if recipe.bf16 and importlib.util.find_spec("accelerate") is None:
+        raise cli.UsageError(
+            "--bf16 runs the forward as accelerate does for the Trainer, not installed here: "
+            "pip install 'accelerate==1.16.0' (pyproject.toml's `hf` group)"
+        )
+
+
+def trainer_optimizer_class(optim: str):
+    """The optimizer class and arguments the Trainer takes for TrainingArguments(optim=...)
+    (Trainer.get_optimizer_cls_and_kwargs); refused in one line where the name is not one of
+    TrainingArguments' or the optimizer is not one the trace follows (torch.optim's, and
+    transformers' Adafactor, which is Python over torch's operators)."""
+    import transformers
+    from transformers.training_args import OptimizerNames
+
+    if optim not in {name.value for name in OptimizerNames}:
+        raise cli.UsageError(
+            f"--optim {optim}: not one of TrainingArguments' optim names "
+            "(transformers.training_args.OptimizerNames): adamw_torch, adamw_torch_fused, "
+            "adafactor, sgd, ..."
+        )
+    try:
+        cls, kwargs = transformers.Trainer.get_optimizer_cls_and_kwargs(trainer_arguments(optim))
+    except (ImportError, ValueError) as exc:
+        said = " ".join(str(exc).split())
+        raise cli.UsageError(f"--optim {optim}: {said[:200]}") from None
+    if not (cls.__module__.startswith("torch.optim.") or cls is transformers.Adafactor):
+        raise cli.UsageError(
+            f"--optim {optim}: {cls.__module__}.{cls.__name__} is not modelled: the lab "
+            "predicts torch.optim's optimizers and transformers' Adafactor"
+        )
+    return cls, kwargs
+
+
+def trainer_arguments(optim: str):
+    """TrainingArguments with this optim and the rest at their defaults; nothing is written
+    (output_dir is read only when the Trainer saves)."""
+    import transformers
+
+    return transformers.TrainingArguments(output_dir="unused", optim=optim, report_to="none")
 
 
 def read_config(path: Path) -> dict:
@@ -229,13 +306,17 @@ def function_name(task: str, checkpointing: bool) -> str:
     return f"{task}_checkpointed" if checkpointing else task
 
 
-def workload_source(config: dict, task: str, kind: str, checkpointing: bool) -> str:
+def workload_source(
+    config: dict, task: str, kind: str, checkpointing: bool, recipe: Recipe = Recipe()
+) -> str:
     """The workload file for this config and task: its dimensions are keyword-only integers."""
     dims = dimensions(task, kind, config)
     name = function_name(task, checkpointing)
     signature = "".join(f", {key}={value}" for key, value in dims.items())
     signature = f", *{signature}" if dims else ""
-    passed = "".join(f", {key}={key}" for key in dims)
+    passed = (f", {recipe.given()!r}" if recipe.given() else "") + "".join(
+        f", {key}={key}" for key in dims
+    )
     return (
         '"""A Hugging Face model by its config, built by own_model.py --hf-config."""\n\n'
         "import json\n\n"
@@ -256,6 +337,7 @@ def workload_file(
     given: list[tuple[str, int]] = (),
     steps: int = 1,
     budget: int = hf_config.LAYER_PASS_BUDGET,
+    recipe: Recipe = Recipe(),
 ) -> tuple[WorkloadFile, str | None]:
     """A WorkloadFile for a config.json, named and hashed by the config's bytes; and the dtype
     the config names (`dtype`, or `torch_dtype` as older files say), which transformers
@@ -269,8 +351,11 @@ def workload_file(
         )
     config = read_config(path)
     kind, built = check(config, task, path, batch)
+    check_recipe(recipe, task)
     dims = {**dimensions(task, kind, config), **dict(given)}
-    if refused := hf_config.over_budget(built, task, dims, batch, steps, budget):
+    # each micro-batch is a forward of its own
+    passes = steps * recipe.gradient_accumulation_steps
+    if refused := hf_config.over_budget(built, task, dims, batch, passes, budget):
         raise cli.UsageError(refused)
     width = getattr(built.get_text_config(), "hidden_size", None)
     if task == "lora" and isinstance(width, int) and dims["lora_rank"] > width:
@@ -278,17 +363,19 @@ def workload_file(
             f"--lora-rank {dims['lora_rank']}: over the model's width {width}, the most a "
             "LoRA adapter of its projections can use"
         )
-    source = workload_source(config, task, kind, checkpointing)
+    source = workload_source(config, task, kind, checkpointing, recipe)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     named = config.get("dtype") or config.get("torch_dtype")
-    return WorkloadFile(path, function_name(task, checkpointing), source, digest), named
+    name = function_name(task, checkpointing)
+    return WorkloadFile(path, name, source, digest, recipe.given() or None), named
 
 
 # ---------------------------------------------------------------- inside the workload
 
 
-def build(config, hf: dict, task: str, checkpointing: bool, **dims):
-    """The Workload (own_model's contract) for this model and task."""
+def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None = None, **dims):
+    """The Workload (own_model's contract) for this model and task; `recipe`: a Recipe's
+    given() options."""
     import torch
     import transformers
 
@@ -343,10 +430,51 @@ def build(config, hf: dict, task: str, checkpointing: bool, **dims):
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
             model = peft.get_peft_model(model, peft.LoraConfig(**lora))
     model.train()
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)  # a GPU's default
+    recipe = Recipe(**(recipe or {}))
+    if recipe.optim is None:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)  # a GPU's default
+    else:
+        optimizer = trainer_optimizer(model, recipe.optim)
+    if recipe.bf16:
+        autocast_forward(torch, model, torch.bfloat16)
     return Workload(model, make_inputs, step=lambda model, inputs: model(**inputs).loss,
-                    optimizer=optimizer)  # fmt: skip
+                    optimizer=optimizer,
+                    micro_batches=recipe.gradient_accumulation_steps)  # fmt: skip
+
+
+def trainer_optimizer(model, optim: str):
+    """The optimizer Trainer.create_optimizer makes for TrainingArguments(optim=...): its own
+    code, run for a model without a Trainer (it reads the model, the arguments and the two
+    methods below only). Its two parameter groups (weight decay for all but biases and
+    norms, none for those) are kept: a foreach or fused optimizer runs one kernel sequence
+    per group, whose temporaries are the group's."""
+    import types
+
+    import transformers
+
+    trainer = transformers.Trainer
+    stand_in = types.SimpleNamespace(
+        model=model,
+        optimizer=None,
+        args=trainer_arguments(optim),
+        optimizer_cls_and_kwargs=None,
+        get_optimizer_cls_and_kwargs=trainer.get_optimizer_cls_and_kwargs,
+        get_decay_parameter_names=lambda model: trainer.get_decay_parameter_names(None, model),
+    )
+    return trainer.create_optimizer(stand_in)
+
+
+def autocast_forward(torch, model, dtype) -> None:
+    """The model's forward as accelerate runs it for mixed precision
+    (Accelerator.prepare_model with native AMP): under torch.autocast on the GPU, and its
+    half-precision outputs (a causal LM's logits) copied to float32 after
+    (accelerate.utils.convert_outputs_to_fp32), which a GPU holds until the outputs are
+    dropped."""
+    from accelerate.utils import convert_outputs_to_fp32
+
+    autocast = torch.autocast(device_type="cuda", dtype=dtype)
+    model.forward = convert_outputs_to_fp32(autocast(model.forward))
 
 
 @contextlib.contextmanager

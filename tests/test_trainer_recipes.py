@@ -1,0 +1,192 @@
+"""A Trainer's options on `own_model.py estimate --hf-config` (hf_model.Recipe): `--optim` as
+TrainingArguments names the optimizer, `--gradient-accumulation-steps`, `--bf16`, traced
+without a GPU on a published config reduced to two layers. Their figures are the optimizers'
+and the accumulation's own memory rules, from PyTorch's and transformers' source."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_hf_model import estimate, reduced, written
+
+from pipeline.core import allocator_model
+from pipeline.measuring import own_model
+from pipeline.stages import sweep
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from pipeline.workloads import hf_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    return written(tmp_path_factory.mktemp("recipe"), reduced("llama-3.2-1b"))
+
+
+def training(capsys, config, *options):
+    return estimate(capsys, config, "--task", "training", "--dtype", "float32", *options)
+
+
+def growth(document, phase="optimizer_state"):
+    row = next(r for r in document["prediction"]["phases"] if r["phase"] == phase)
+    return row["allocated_bytes"] - row["baseline_allocated_bytes"]
+
+
+@pytest.fixture(scope="module")
+def parameters(config):
+    """The reduced model's parameter tensors and bytes, counted on the meta device."""
+    settings = transformers.AutoConfig.for_model(**json.loads(config.read_text()))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(settings, dtype=torch.float32)
+    sizes = [p.numel() * 4 for p in model.parameters()]
+    return sizes
+
+
+def blocks(sizes) -> int:
+    """What the caching allocator hands out for tensors of these sizes, one block each."""
+    return sum(allocator_model.block_bytes(n) for n in sizes)
+
+
+def test_the_trainers_optimizers_hold_their_own_state(capsys, config, parameters):
+    """AdamW keeps two float32 moments a value; its fused kernel (the Trainer's default,
+    adamw_torch_fused) also keeps each parameter's step count on the device, one 512-byte
+    block each, where the foreach one keeps it on the CPU (torch/optim/adam.py, _init_group);
+    SGD without momentum keeps nothing; Adafactor factors its second moment of a matrix into
+    a row and a column."""
+    count, nbytes = len(parameters), sum(parameters)
+    adamw = training(capsys, config, "--optim", "adamw_torch")
+    fused = training(capsys, config, "--optim", "adamw_torch_fused")
+    sgd = training(capsys, config, "--optim", "sgd")
+    adafactor = training(capsys, config, "--optim", "adafactor")
+    assert [d["workload"]["optimizer"] for d in (adamw, fused, sgd, adafactor)] == [
+        "AdamW", "AdamW", "SGD", "Adafactor"
+    ]  # fmt: skip
+    assert fused["workload"]["recipe"] == {"optim": "adamw_torch_fused"}
+    assert growth(adamw) == 2 * blocks(parameters)
+    assert growth(fused) - growth(adamw) == 512 * count
+    assert growth(sgd) == 0
+    assert 0 < growth(adafactor) < nbytes / 10
+
+
+def test_the_trainers_optimizer_keeps_its_two_parameter_groups():
+    """Trainer.create_optimizer's own groups: weight decay for the matrices, none for
+    biases and norms; a foreach or fused optimizer runs one kernel sequence per group."""
+    settings = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(settings)
+    optimizer = hf_model.trainer_optimizer(model, "adamw_torch_fused")
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, plain = ([names[id(p)] for p in g["params"]] for g in optimizer.param_groups)
+    assert all("norm" not in n for n in decay)
+    assert all("norm" in n for n in plain)
+    assert len(decay) + len(plain) == len(list(model.parameters()))
+    assert optimizer.defaults["fused"] is True
+
+
+def test_the_default_optimizer_is_unchanged_and_adamw_torch_adds_the_groups(capsys, config):
+    plain = training(capsys, config)
+    adamw = training(capsys, config, "--optim", "adamw_torch")
+    assert "recipe" not in plain["workload"]
+    assert plain["workload"]["micro_batches"] == 1
+    assert growth(plain) == growth(adamw)  # the same state; the groups change the scratch
+    peak = lambda d: d["prediction"]["phases"][3]["peak_allocated_bytes"]  # noqa: E731
+    assert peak(plain) != peak(adamw)
+
+
+def test_gradient_accumulation_holds_the_gradients_across_micro_batches(capsys, config, parameters):
+    """The second micro-batch runs with the first one's gradients held (autograd adds the new
+    ones into them, torch/csrc/autograd/functions/accumulate_grad.h): its peak is higher than
+    one micro-batch's; a third repeats the second; the step ends with the same blocks."""
+    nbytes = sum(parameters)
+    one = training(capsys, config)
+    two = training(capsys, config, "--gradient-accumulation-steps", "2")
+    three = training(capsys, config, "--gradient-accumulation-steps", "3")
+    assert (two["workload"]["micro_batches"], three["workload"]["micro_batches"]) == (2, 3)
+    assert two["workload"]["recipe"] == {"gradient_accumulation_steps": 2}
+    cold = lambda d, key: d["prediction"]["phases"][2][key]  # noqa: E731
+    ends = {cold(d, "allocated_bytes") for d in (one, two, three)}
+    assert len(ends) == 1
+    assert cold(two, "peak_allocated_bytes") - cold(one, "peak_allocated_bytes") >= nbytes / 2
+    assert cold(two, "peak_allocated_bytes") == cold(three, "peak_allocated_bytes")
+
+
+def test_bf16_keeps_the_weights_in_the_runs_dtype(capsys, config, parameters):
+    nbytes = sum(parameters)
+    document = training(capsys, config, "--bf16")
+    assert document["workload"]["recipe"] == {"bf16": True}
+    assert document["workload"]["parameters"]["by_dtype"] == {
+        "float32": {"count": nbytes // 4, "bytes": nbytes}
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["training", "--optim", "adamw_nonsense"],
+         "--optim adamw_nonsense: not one of TrainingArguments' optim names"),
+        (["training", "--optim", "paged_adamw_8bit"],
+         "--optim paged_adamw_8bit: You need to install `bitsandbytes`"),
+        (["training", "--optim", "lomo"], "--optim lomo:"),
+        (["inference", "--optim", "sgd"],
+         "--optim: a Trainer's options, for --task training or lora"),
+        (["generate", "--bf16", "--gradient-accumulation-steps", "2"],
+         "--gradient-accumulation-steps, --bf16: a Trainer's options"),
+        (["training", "--fp16"], "--fp16: not modelled yet"),
+    ],
+)  # fmt: skip
+def test_a_recipe_the_lab_does_not_run_is_refused_in_one_line(
+    capsys, config, tmp_path, options, said
+):
+    out = tmp_path / "m.json"
+    argv = ["measure", "--device", "cuda:0", "--output", str(out), "--hf-config", str(config)]
+    assert own_model.main([*argv, "--task", *options]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert said in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1025", "two"])
+def test_accumulation_steps_out_of_range_are_refused(capsys, config, value):
+    argv = ["estimate", "--hf-config", str(config), "--task", "training"]
+    assert own_model.main([*argv, "--gradient-accumulation-steps", value]) == 2
+    assert "--gradient-accumulation-steps" in capsys.readouterr().err
+
+
+def test_a_workload_file_sets_its_own_recipe(capsys, tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f(config):\n    pass\n")
+    assert own_model.main(["estimate", "--workload", f"{path}:f", "--optim", "sgd"]) == 2
+    assert "Workload.micro_batches" in capsys.readouterr().err
+
+
+def test_a_workloads_micro_batches_are_checked(capsys, tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import torch\nfrom own_model import Workload\n\n"
+        "def f(config):\n"
+        "    model = torch.nn.Linear(4, 4).to(config.device)\n"
+        "    inputs = lambda: torch.ones(2, 4, device=config.device)\n"
+        "    return Workload(model, inputs, micro_batches=2)\n"
+    )
+    assert own_model.main(["estimate", "--workload", f"{path}:f"]) == 2
+    assert "gradient accumulation goes with a training workload" in capsys.readouterr().err
+
+
+def test_a_sweep_passes_the_recipe_to_every_point(config):
+    """Each point of `sweep --hf-config` is its own `own_model.py measure`: the recipe goes
+    with its flags."""
+    argv = ["--device", "cuda:0", "--hf-config", str(config),
+            "--task", "training", "--optim", "sgd", "--gradient-accumulation-steps", "4",
+            "--bf16", "--vary", "batch", "--start", "1", "--max-steps", "2"]  # fmt: skip
+    args = sweep.parse(argv)
+    base = {"batch": 1, "dtype": "float32", "warmup": 1, "repeats": 1, "seed": 0,
+            "dimensions": []}  # fmt: skip
+    flags = sweep.own_flags(base, args)
+    assert flags[flags.index("--optim") :][:5] == [
+        "--optim", "sgd", "--gradient-accumulation-steps", "4", "--bf16"
+    ]  # fmt: skip
