@@ -234,3 +234,27 @@ def test_tensors_built_from_data_on_the_gpu_are_the_traces_and_stay_off_the_gpu(
     check = document["history_check"]
     assert check["agrees"] or check["first_difference"]["phase"] not in ("model_load", "inputs")
     honest(document)
+
+
+def test_with_history_stacks_a_gpu_request_is_named_by_the_cpp_function_that_asked():
+    """measure --history-stacks records each block's stack: the oracle names the kernel that
+    asked the GPU for a block (here arange's), where the history without stacks names none."""
+    import torch
+
+    gpu = own_model.Gpu()
+    gpu.stacks = True
+    torch.cuda.init()
+    assert gpu.history(torch, True) is True
+    made = torch.arange(1000, device="cuda")
+    snapshot = gpu.history(torch, False)
+    del made
+    requests = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc"]
+    assert [e["size"] for e in requests] == [8000]
+    assert history_check.made_by(requests[0]) == "at::native::arange_cuda_out"
+    gpu.stacks = False
+    gpu.history(torch, True)
+    again = torch.arange(1000, device="cuda")
+    snapshot = gpu.history(torch, False)
+    del again
+    requests = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc"]
+    assert history_check.made_by(requests[0]) is None

@@ -4,7 +4,9 @@ withdrawn with the first difference named."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+from conftest import ROOT
 
 from pipeline.measuring import own_model
 from pipeline.predicting import history_check
@@ -119,3 +121,49 @@ def test_no_history_or_a_history_that_dropped_its_start_checks_nothing():
     full = [{"action": "alloc", "size": 512, "addr": 0}] * tp.HISTORY_ENTRIES
     assert own_model.held_against_history(snapshot(full), torch.device("cuda", 0), found, 0) is None
     assert found.status == PredictionStatus.EXACT
+
+
+def h100_frames(request: int) -> list[dict]:
+    """The stack an H100's allocator recorded for one request of a transformers Llama step
+    (`runs/20261207T071500Z-trace-left-real-blocks/history-cost.txt`, printed as
+    `name  (file:line)`), as the snapshot holds it."""
+    text = ROOT / "runs" / "20261207T071500Z-trace-left-real-blocks" / "history-cost.txt"
+    blocks = text.read_text().split("--- alloc of ")[1:]
+    frames = []
+    for line in blocks[request].splitlines()[1:]:
+        name, _, where = line.strip().rpartition("  (")
+        filename, _, number = where.rstrip(")").rpartition(":")
+        frames.append({"name": name, "filename": filename, "line": int(number or 0)})
+    return frames
+
+
+def test_with_stack_traces_the_first_difference_names_the_cpp_function_that_asked():
+    """Past the allocator's and the dispatcher's own frames: the embedding's index_select
+    that asked an H100 for 4 MiB."""
+    frames = h100_frames(0)
+    assert frames[0]["name"] == "torch::unwind::unwind()"
+    history = [{"action": "alloc", "size": 4 * MIB, "addr": 0, "stream": 0, "frames": frames}]
+    found = history_check.check(history, [("phase", 0, "cold_step"), ("alloc", 512, "aten.sum")])
+    first = found["first_difference"]
+    assert first["gpu_function"] == "at::native::index_select_out_cuda_impl<c10::BFloat16>"
+    assert "(made by at::native::index_select_out_cuda_impl<c10::BFloat16>)" in history_check.why(
+        found
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_", "function"),
+    [
+        (0, "at::native::index_select_out_cuda_impl<c10::BFloat16>"),  # resized in its body
+        (1, "at::native::arange_cuda_out"),
+        # a structured kernel makes its output before its body: the op's own output setter
+        (2, "at::structured_sum_out_functional::set_output_raw_strided"),
+    ],
+)
+def test_the_function_named_is_the_kernels_not_the_allocators(request_, function):
+    assert history_check.made_by({"frames": h100_frames(request_)}) == function
+
+
+def test_without_stack_traces_no_function_is_named():
+    found = history_check.check(gpu(("alloc", 4 * MIB)), [("alloc", 512, "aten.sum")])
+    assert "gpu_function" not in found["first_difference"]

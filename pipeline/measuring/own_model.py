@@ -587,10 +587,12 @@ class Gpu:
     def probe(self, torch, device, trace) -> trace_prediction.Calibration:
         return trace_prediction.probe_operators(torch, device, trace)
 
+    stacks = False  # measure --history-stacks
+
     def history(self, torch, on: bool):
         """on: starts recording, True; off: the snapshot, recording stopped."""
         if on:
-            trace_prediction.start_history(torch)
+            trace_prediction.start_history(torch, self.stacks)
             return True
         snapshot = torch_private.memory_snapshot(torch)
         trace_prediction.stop_history(torch)
@@ -1104,6 +1106,13 @@ def build_parser() -> cli.Parser:
     measure_parser.add_argument("--output", required=True, help="a new JSON file")
     measure_parser.add_argument("--environment-output", help="also the environment, a new file")
     measure_parser.add_argument(
+        "--history-stacks",
+        action="store_true",
+        help="record each block's C++ and Python stack in the allocator's history, so that "
+        "the check of the prediction names the C++ function of the first request that "
+        "differs; the steps then take longer (the evidence page says how much)",
+    )
+    measure_parser.add_argument(
         "--memory-history",
         metavar="FILE",
         help="also record the allocator's history during the phases (no stack traces) and "
@@ -1136,7 +1145,9 @@ def main(
             return estimate(args)
         args.device_text = args.device
         args.device = arguments.device_index(args.device)
-        return measure(args, gpu or Gpu())
+        gpu_ = gpu or Gpu()
+        gpu_.stacks = args.history_stacks
+        return measure(args, gpu_)
 
     return cli.run("own_model.py", body, interrupted="nothing was written")
 

@@ -16,7 +16,9 @@ predicts. The two sequences are held against each other:
 An "exact" prediction is a claim that the GPU asks for the same blocks in the same order; the
 measurement keeps the word only where this check agrees (`verdict`). Otherwise the prediction
 is approximate and the file names the first place that differs: the phase, what the GPU did,
-what the replay did and the operator the replay was at.
+what the replay did and the operator the replay was at. Where the history was recorded with
+stack traces (`measure --history-stacks`), also the C++ function that asked the GPU for the
+block (`made_by`).
 
 Standard library only.
 """
@@ -29,13 +31,40 @@ HISTORY = "the allocator's history"
 WANTED = {"alloc": "alloc", "free_completed": "free"}
 
 
+# The frames of the allocator and of the history's own recording, above the function that
+# asked for the block (CUDACachingAllocator.cpp, memory_snapshot.cpp, the storage's resize).
+MACHINERY = ("torch::unwind", "torch::CapturedTraceback", "torch::cuda::", "c10::",
+             "at::_ops::", "at::detail::empty", "at::native::resize", "at::native::empty",
+             "at::create_out")  # fmt: skip
+
+
 def gpu_events(device_trace: list[dict]) -> list[tuple]:
-    """(action, bytes, None) of an allocator history's requests and completed frees."""
+    """(action, bytes, event) of an allocator history's requests and completed frees."""
     return [
-        (WANTED[event["action"]], event["size"], None)
+        (WANTED[event["action"]], event["size"], event)
         for event in device_trace
         if event["action"] in WANTED
     ]
+
+
+def made_by(event) -> str | None:
+    """The C++ function that asked for this block, its arguments left out: past the
+    allocator's, the recording's and the dispatcher's own frames, the first of ATen's
+    kernels (`at::native::`), else the first frame left (a structured kernel makes its
+    output before its body runs, in its own `set_output_raw_strided`); None without stack
+    traces."""
+    names = []
+    for frame in (event or {}).get("frames") or []:
+        name = frame.get("name", "").replace("(anonymous namespace)::", "")
+        name = name.removeprefix("void ").strip().split("(")[0][:200]
+        if (
+            name
+            and not name.startswith(MACHINERY)
+            and not frame.get("filename", "").endswith(".py")
+        ):
+            names.append(name)
+    kernel = next((name for name in names if name.startswith("at::native::")), None)
+    return kernel or (names[0] if names else None)
 
 
 def replay_events(log: list[tuple]) -> list[tuple]:
@@ -98,9 +127,17 @@ def check(device_trace: list[dict], log: list[tuple]) -> dict:
                 "gpu": described(theirs),
                 "replay": described(ours),
                 "operator": operator or None,
+                **stacks_of(theirs),
             },
         }
     return {"requests": requests, "agrees": True, "first_difference": None}
+
+
+def stacks_of(entry: tuple | None) -> dict:
+    """{"gpu_function": ...} for a GPU request recorded with its stack, else {}."""
+    if entry is None or entry[0] != "alloc" or not (entry[2] or {}).get("frames"):
+        return {}
+    return {"gpu_function": made_by(entry[2])}
 
 
 def why(found: dict) -> str:
@@ -115,8 +152,9 @@ def why(found: dict) -> str:
             return f"a block of {sizes[0]:,} B"
         return f"{len(sizes)} block(s) freed ({sum(sizes):,} B)"
 
+    made = f" (made by {first['gpu_function']})" if first.get("gpu_function") else ""
     return (
         f"at its event {first['position']:,} ({first['phase']}, the replay at "
-        f"{first['operator']}) the GPU's allocator history shows {said(first['gpu'])} where "
-        f"the replay has {said(first['replay'])}"
+        f"{first['operator']}) the GPU's allocator history shows {said(first['gpu'])}{made} "
+        f"where the replay has {said(first['replay'])}"
     )

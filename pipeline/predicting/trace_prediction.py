@@ -2189,14 +2189,17 @@ def rebuild(torch, device, leaf):
 HISTORY_ENTRIES = 1_000_000  # events the allocator keeps; past them it drops the oldest
 
 
-def start_history(torch) -> None:
-    """The allocator's history of allocations and frees, without stack traces."""
+def start_history(torch, stacks: bool = False) -> None:
+    """The allocator's history of allocations and frees, without stack traces; with
+    `stacks`, each allocation's C++ and Python frames (history_check names the C++ function
+    of the first difference from them)."""
+    context = {"context": "alloc", "stacks": "all"} if stacks else {"context": None}
     try:
         torch_private.record_memory_history(
-            torch, enabled="all", context=None, max_entries=HISTORY_ENTRIES, clear_history=True
+            torch, enabled="all", max_entries=HISTORY_ENTRIES, clear_history=True, **context
         )
     except TypeError:  # a PyTorch without clear_history: callers count the events before
-        torch_private.record_memory_history(torch, enabled="all", context=None)
+        torch_private.record_memory_history(torch, enabled="all", **context)
 
 
 def stop_history(torch) -> None:
