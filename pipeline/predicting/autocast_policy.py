@@ -117,6 +117,9 @@ class CacheRules:
 
 
 _RULES: dict = {}  # torch.__version__ -> CacheRules
+# ("operator" or "function", op or function, autocast dtype, described leaves) -> decision:
+# PyTorch's answer for the process (no tensor is kept), shared by its traces
+_DECISIONS: dict = {}
 
 
 def cache_rules(torch) -> CacheRules:
@@ -185,7 +188,7 @@ class Emulation:
     def __init__(self, torch, notes: dict) -> None:
         self.torch = torch
         self.notes = notes
-        self.decisions: dict = {}  # (op or function, dtype, described leaves) -> decision
+        self.decisions = _DECISIONS
         self.weights: dict = {}  # id(weight) -> (weak reference to it, its cast)
         self.unread: set = set()
         self.remove_kernels = None
