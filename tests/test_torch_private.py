@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import dataclasses
 import importlib
 import subprocess
@@ -815,3 +816,106 @@ def test_the_local_scalar_operator_is_what_bool_of_a_tensor_calls_and_fake_tenso
     assert op in operators_called(lambda: bool(torch.any(torch.randn(3) < 0)))
     with tpv.FakeTensorMode(), pytest.raises(tpv.fake_tensor_limits()):
         bool(torch.any(torch.empty(3) < 0))
+
+
+# ---------------------------------------------------------------- CUDA autocast
+
+
+def test_autocast_operators_are_those_cuda_autocast_casts():
+    names = tpv.autocast_operators(torch)
+    assert {"aten::linear", "aten::mm", "aten::softmax.int", "aten::layer_norm"} <= set(names)
+    assert "aten::add.Tensor" not in names
+
+
+def test_python_kernels_serve_their_key_while_it_is_included_and_are_removed_by_the_undo():
+    called = []
+
+    def mm(a, b):
+        called.append("mm")
+        with tpv.dispatch_key(torch, "AutocastPrivateUse1", False):
+            return torch.ops.aten.mm.default(a, b)
+
+    x = torch.ones(2, 2)
+    undo = tpv.python_kernels(
+        torch, "AutocastPrivateUse1", {"mm": mm}, torch.library.fallthrough_kernel
+    )
+    try:
+        torch.mm(x, x)  # the key is not included: nothing
+        assert not tpv.dispatch_key_included(torch, "AutocastPrivateUse1")
+        tpv.include_dispatch_key(torch, "AutocastPrivateUse1", True)
+        try:
+            assert tpv.dispatch_key_included(torch, "AutocastPrivateUse1")
+            assert torch.mm(x, x).sum().item() == 8  # mm through the kernel, sum falls through
+        finally:
+            tpv.include_dispatch_key(torch, "AutocastPrivateUse1", False)
+    finally:
+        undo()
+    torch.mm(x, x)
+    assert called == ["mm"]
+    assert tpv.dispatch_key_excluded(torch, "AutocastPrivateUse1")
+    with tpv.dispatch_key(torch, "AutocastPrivateUse1", True), pytest.raises(NotImplementedError):
+        torch.mm(x, x)  # removed, fallback and all: nothing serves the key any more
+
+
+def test_outside_modes_hides_the_modes_in_force():
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Seen(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    mode = Seen()
+    with mode, calls_seen_mode() as dispatched:
+        assert mode in tpv.torch_function_modes(torch)
+        with tpv.outside_modes(torch):
+            torch.ones(1) + 1
+        with tpv.no_torch_function(torch):
+            torch.ones(1) + 1
+    assert seen == []
+    assert dispatched == [torch.ops.aten.ones.default, torch.ops.aten.add.Tensor]
+
+
+@contextlib.contextmanager
+def calls_seen_mode():
+    seen = []
+
+    class Seen(tpv.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        yield seen
+
+
+def test_is_view_tells_a_view_from_its_base():
+    x = torch.ones(4)
+    assert tpv.is_view(x[1:])
+    assert not tpv.is_view(x)
+
+
+def test_an_autocast_context_enabled_afterwards_enables_autocast_when_entered():
+    context = torch.autocast("cpu", dtype=torch.bfloat16, enabled=False)
+    tpv.enable_autocast_context(context, True)
+    with context:
+        assert torch.is_autocast_enabled("cpu")
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_checkpointing_reads_the_autocast_state_through_the_patch():
+    from torch.utils import checkpoint
+
+    asked = []
+    undo = tpv.patch_checkpoint_autocast_kwargs(
+        torch, lambda original, device: asked.append(device) or original("cpu")
+    )
+    try:
+        device_kwargs, _ = checkpoint._get_autocast_kwargs("meta")
+    finally:
+        undo()
+    assert asked == ["meta"]
+    assert device_kwargs["dtype"] == torch.get_autocast_dtype("cpu")
+    assert checkpoint._get_autocast_kwargs("cpu")[0] is not None

@@ -611,3 +611,128 @@ def cublas_workspace_clearer(torch):
     """torch._C._cuda_clearCublasWorkspaces, or None in a build without it: a probe starts
     with no cuBLAS workspace kept, so that it sees the ones its operator allocates."""
     return getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+
+
+# ---------------------------------------------------------------- CUDA autocast
+
+
+def autocast_operators(torch, key: str = "AutocastCUDA") -> list[str]:
+    """The operators that have a kernel of their own at an autocast dispatch key ("aten::mm",
+    "aten::softmax.int"): those it casts; every other operator falls through it."""
+    return sorted(torch._C._dispatch_get_registrations_for_dispatch_key(key))
+
+
+def python_kernels(torch, key: str, kernels: dict, fallback):
+    """Python kernels at the dispatch key `key`: `kernels` maps an operator's name ("mm",
+    "softmax.int") to its kernel, `fallback` (torch.library.fallthrough_kernel, or a function
+    `fallback(op, *args, **kwargs)`) serves every other operator. Returns the undo, which
+    removes them (Library._destroy) and so brings back what was there before."""
+    import warnings
+
+    library = torch.library.Library("aten", "IMPL")
+    every = torch.library.Library("_", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel"
+        warnings.simplefilter("ignore")
+        every.fallback(fallback, key)
+        for name, kernel in kernels.items():
+            library.impl(name, kernel, key)
+
+    def undo() -> None:
+        library._destroy()
+        every._destroy()
+
+    return undo
+
+
+def dispatch_key_included(torch, key: str) -> bool:
+    """Is `key` in this thread's dispatch keys (included, not excluded)?"""
+    dispatch_key = getattr(torch._C.DispatchKey, key)
+    return torch._C._dispatch_tls_is_dispatch_key_included(
+        dispatch_key
+    ) and not torch._C._dispatch_tls_is_dispatch_key_excluded(dispatch_key)
+
+
+def dispatch_key_excluded(torch, key: str) -> bool:
+    """Is `key` excluded from this thread's dispatch? Inside an autocast kernel its own key is
+    (ExcludeDispatchKeyGuard, autocast_mode.h): the call it makes after its casts."""
+    return torch._C._dispatch_tls_is_dispatch_key_excluded(getattr(torch._C.DispatchKey, key))
+
+
+def include_dispatch_key(torch, key: str, on: bool) -> None:
+    """Puts `key` in this thread's dispatch keys (on) or takes it out, as set_autocast_enabled
+    does for a device's autocast key; autograd's backward carries the thread's keys along."""
+    dispatch_key = getattr(torch._C.DispatchKey, key)
+    torch._C._dispatch_tls_set_dispatch_key_included(dispatch_key, on)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(dispatch_key, not on)
+
+
+class dispatch_key:  # a context manager, named as the action it takes
+    """`with dispatch_key(torch, key, on):` the key included (on) or excluded for the block,
+    as it was after."""
+
+    def __init__(self, torch, key: str, on: bool) -> None:
+        self.torch, self.key, self.on = torch, key, on
+
+    def __enter__(self):
+        C, key = self.torch._C, getattr(self.torch._C.DispatchKey, self.key)
+        self.saved = (
+            C._dispatch_tls_is_dispatch_key_included(key),
+            C._dispatch_tls_is_dispatch_key_excluded(key),
+        )
+        C._dispatch_tls_set_dispatch_key_included(key, self.on)
+        C._dispatch_tls_set_dispatch_key_excluded(key, not self.on)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        C, key = self.torch._C, getattr(self.torch._C.DispatchKey, self.key)
+        C._dispatch_tls_set_dispatch_key_included(key, self.saved[0])
+        C._dispatch_tls_set_dispatch_key_excluded(key, self.saved[1])
+
+
+def outside_modes(torch):
+    """A context where neither the torch function modes nor the dispatch modes of the moment
+    see anything (a probe beside the trace, on tensors of its own)."""
+    import contextlib
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(_disable_current_modes())
+    stack.enter_context(torch._C.DisableTorchFunction())
+    return stack
+
+
+def no_torch_function(torch):
+    """A context where no torch function mode or subclass's __torch_function__ is asked."""
+    return torch._C.DisableTorchFunction()
+
+
+def torch_function_modes(torch) -> list:
+    """The torch function modes in force, outermost first."""
+    return torch.overrides._get_current_function_mode_stack()
+
+
+def is_view(tensor) -> bool:
+    """Is the tensor a view of another's storage (autograd's view tracking)?"""
+    return tensor._is_view()
+
+
+def enable_autocast_context(context, enabled: bool) -> None:
+    """Sets whether an autocast context manager enables autocast when entered (its
+    `_enabled`, which __init__ turned off for CUDA without a GPU)."""
+    context._enabled = enabled
+
+
+def patch_checkpoint_autocast_kwargs(torch, replacement):
+    """torch.utils.checkpoint reads the autocast state of the checkpointed call's device
+    (`_get_autocast_kwargs(device_type)`) and restores it around the recomputation:
+    `replacement(original, device_type)` answers in its place. Returns the undo."""
+    from torch.utils import checkpoint
+
+    original = checkpoint._get_autocast_kwargs
+    checkpoint._get_autocast_kwargs = lambda device_type="cuda": replacement(original, device_type)
+
+    def undo() -> None:
+        checkpoint._get_autocast_kwargs = original
+
+    return undo

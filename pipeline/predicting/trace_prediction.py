@@ -45,6 +45,7 @@ import weakref
 
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
 from pipeline.predicting import (
+    autocast_policy,
     ctc_loss,
     cublas_operands,
     cudnn_rnn,
@@ -422,12 +423,6 @@ IN_PLACE_IN_A_REAL_RUN = {
     f"{BACKWARD}ProdBackward1::apply": {"aten.cumprod.default": "other"},
 }
 FAST_PATH = fast_paths.NOTE
-AUTOCAST = "autocast (CUDA mixed precision)"
-AUTOCAST_WHY = (
-    "traced on the meta device (no GPU), where CUDA autocast makes none of its casts: the "
-    "operators' dtypes and blocks are not the GPU's (measure traces beside the GPU, which "
-    "makes them)"
-)
 OTHER_WAY = (
     "a real run takes another way here than the trace, with sizes that depend on the "
     "tensors' values"
@@ -563,8 +558,8 @@ class Tracer:
                 self._patch_swap()
                 self._patch_deepcopy()
                 self._patch_fast_paths()
-                if self.trace.device == "meta":
-                    self._patch_autocast()
+                if self.trace.device == "meta":  # CUDA autocast's casts, as a GPU makes them
+                    self._undo.append(autocast_policy.install(self.torch, self.trace.notes))
                     if self.target is not None:
                         self._undo.append(fused_dropout.install(self.torch))
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
@@ -595,24 +590,6 @@ class Tracer:
         self.recorder.poll()  # what died inside the operation, before the end values
         self.trace.events.append(("end",))
         return row, result
-
-    def _patch_autocast(self) -> None:
-        """CUDA autocast (`torch.autocast("cuda", ...)`, mixed precision) casts a CUDA
-        tensor's arguments per operator by its dispatch key, which a meta tensor does not
-        have (and without a GPU PyTorch disables it): on the meta device no cast is made.
-        Asking for it is noted (AUTOCAST): the prediction is approximate, with no bounds,
-        and says why."""
-        autocast = self.torch.amp.autocast_mode.autocast
-        original, notes = autocast.__init__, self.trace.notes
-
-        def init(context, device_type, *args, **kwargs):
-            enabled = kwargs.get("enabled", args[1] if len(args) > 1 else True)
-            if device_type == "cuda" and enabled:  # asked for: without a GPU it is disabled
-                notes.setdefault(AUTOCAST, AUTOCAST_WHY)
-            original(context, device_type, *args, **kwargs)
-
-        autocast.__init__ = init
-        self._undo.append(lambda: setattr(autocast, "__init__", original))
 
     def _patch_optimizers(self) -> None:
         """torch.optim picks its foreach kernels for plain tensors on a GPU only: let fake
