@@ -114,13 +114,22 @@ def test_gradient_accumulation_holds_the_gradients_across_micro_batches(capsys, 
     assert cold(two, "peak_allocated_bytes") == cold(three, "peak_allocated_bytes")
 
 
-def test_bf16_keeps_the_weights_in_the_runs_dtype(capsys, config, parameters):
+def test_bf16_keeps_the_weights_in_the_runs_dtype_and_casts_as_the_gpu(capsys, config, parameters):
+    """The Trainer's mixed precision: float32 weights, gradients and AdamW state; the forward
+    under CUDA autocast (autocast_policy.py), whose bfloat16 activations make the cold
+    step's peak lower than float32's; predicted with figures, not noted away."""
     nbytes = sum(parameters)
-    document = training(capsys, config, "--bf16")
+    plain = training(capsys, config, "--gpu", "h200")
+    document = training(capsys, config, "--bf16", "--gpu", "h200")
     assert document["workload"]["recipe"] == {"bf16": True}
     assert document["workload"]["parameters"]["by_dtype"] == {
         "float32": {"count": nbytes // 4, "bytes": nbytes}
     }
+    assert growth(document) == growth(plain)  # AdamW's state: float32, as the weights
+    cold = lambda d: d["prediction"]["phases"][2]["peak_allocated_bytes"]  # noqa: E731
+    assert cold(document) < cold(plain)
+    assert document["prediction"]["status"] != "not predicted"
+    assert not [u for u in document["prediction"]["unknown"] if "autocast" in u["op"]]
 
 
 @pytest.mark.parametrize(
@@ -190,3 +199,14 @@ def test_a_sweep_passes_the_recipe_to_every_point(config):
     assert flags[flags.index("--optim") :][:5] == [
         "--optim", "sgd", "--gradient-accumulation-steps", "4", "--bf16"
     ]  # fmt: skip
+
+
+def test_the_fused_adamw_kernel_allocates_nothing_and_is_covered_for_the_h200(capsys, config):
+    """fused_optimizers.py: `_fused_adamw_` asks the allocator for nothing (its metadata goes
+    to the kernel by value), so a fused step is as covered as the foreach one: the same
+    status, and no unknown entry for the kernel."""
+    foreach = training(capsys, config, "--optim", "adamw_torch", "--gpu", "h200")
+    fused = training(capsys, config, "--optim", "adamw_torch_fused", "--gpu", "h200")
+    unknown = [entry["op"] for entry in fused["prediction"]["unknown"]]
+    assert not [op for op in unknown if "fused_adamw" in op]
+    assert fused["prediction"]["status"] == foreach["prediction"]["status"]

@@ -52,6 +52,7 @@ from pipeline.predicting import (
     fast_paths,
     fused_cells,
     fused_dropout,
+    fused_optimizers,
     kernel_formulas,
     loss_outputs,
     module_conversion,
@@ -1950,6 +1951,8 @@ class Calibration:
             return by_source_template(call.name, call_arguments(call), list(call.leaves))
         if call.name in fused_cells.OPERATORS:
             return self.fused_cell(call) if fused_cells.CLAIMED else None
+        if call.name in fused_optimizers.OPERATORS:
+            return fused_optimizers.template(call.name)
         found = reduce_scratch.template_of_call(call.name, call_arguments(call), self.reduce_device)
         return None if found is None else [template_step(step) for step in found]
 
