@@ -35,8 +35,9 @@ def test_the_readmes_first_screen_is_install_predict_fit_measure_then_tests():
 SUPPORT_ROWS = {  # the row's first cell: what its "not supported" cell must name
     "Tasks": None,
     "Dtypes": None,
-    "Mixed precision": "--bf16",
-    "Optimizers": "AdamW",
+    "Mixed precision": "--fp16",
+    "Optimizers": "8-bit",
+    "Gradient accumulation": None,
     "Quantization": "4-bit and 8-bit",
     "Attention implementations": "flash_attention_2",
     "GPUs": "H200",
