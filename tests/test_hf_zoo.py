@@ -474,9 +474,17 @@ BROKEN_OPEN: dict[str, tuple[int, str]] = {
     "20261207T060000Z-idioms-repredicted": (
         18,
         "the same points as the generated blind grid, after the to_empty fix: the 17 "
-        "transformers models built under torch.device (512 B more on the GPU from model_load "
-        "on), cause not found; and the float32 Llama with attention dropout, fixed since in "
-        "fused_dropout",
+        "transformers models built under torch.device, whose measurements held a 512-byte "
+        "block from the trace measure ran first (torch.tensor(data) copied to the GPU by C++ "
+        "before the fake mode saw it), fixed in trace_prediction's choice notes: measured "
+        "again, each equals its prediction (runs/20261207T071500Z-trace-left-real-blocks/); "
+        "and the float32 Llama with attention dropout, fixed since in fused_dropout",
+    ),
+    "20261207T073000Z-checkpointing-blind": (
+        1,
+        "Llama 3.2 1B checkpointed (bfloat16, 4 x 1,024): its peaks 4 MiB under the "
+        "prediction, one key or value block, inside the backward's recomputation; the "
+        "prediction beside the GPU shows the same 4 MiB; cause not found",
     ),
     "20261207T053000Z-idioms-generated-blind": (
         40,
@@ -484,7 +492,8 @@ BROKEN_OPEN: dict[str, tuple[int, str]] = {
         "a GPU counted the meta build as held at model_load (peak allocated under the lower "
         "bound on an H100), fixed in module_conversion (every such to_empty named, no bounds); "
         "17 transformers models built under torch.device: peak allocated of model_load and "
-        "inputs 512 B over the upper bound, cause not found; one Llama trained in float32 with "
+        "inputs 512 B over the upper bound, a block the trace left on the GPU, fixed "
+        "(runs/20261207T071500Z-trace-left-real-blocks/); one Llama trained in float32 with "
         "attention dropout (i144): the cold step's peak allocated 393,216 B under the lower "
         "bound: at::dropout, called from C++ by the math attention kernel, took the meta "
         "device's noise tensor where a GPU takes the fused kernel's byte mask; fixed in "
