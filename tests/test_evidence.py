@@ -50,6 +50,8 @@ def test_validate_walks_the_committed_runs_and_finds_them_all_valid():
         ".log",
         ".sh",
         ".json",
+        ".compare",
+        ".pickle",
     }
 
 

@@ -88,6 +88,9 @@ SKIPPED_SUFFIXES = {
     ".py": "the script that wrote the files beside it, kept as it ran: no schema",
     ".log": "what a script printed as it ran: no schema",
     ".sh": "the script a GPU call ran, kept as it ran: no schema",
+    ".compare": "a script's printout of a history against its replay: no schema",
+    ".pickle": "an allocator history as measure --memory-history pickled it, never unpickled "
+    "by validate: no schema",
 }
 ARTEFACT, LOG, SKIPPED = "artefact", "log", "skipped"
 # An artefact is read whole: none the lab writes comes near (the largest committed, 7 MB).
