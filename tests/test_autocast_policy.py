@@ -13,11 +13,16 @@ from pipeline.core import torch_private
 from pipeline.predicting import attention_choice as ac
 from pipeline.predicting import autocast_policy as ap
 from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace_prediction import PredictionStatus
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
 aten = torch.ops.aten
 BF16 = torch.bfloat16
+
+
+# What a trace that entered a CUDA autocast region says until a GPU has checked the emulation.
+UNCHECKED = {ap.NOTE: ap.UNCHECKED_WHY}
 
 
 def traced(body, **options):
@@ -56,7 +61,7 @@ def test_a_linear_layer_runs_in_bfloat16_and_its_weight_is_cast_once_a_region():
     assert seen == {0: (BF16, BF16), 1: (BF16, BF16), "grad": (torch.float32, torch.float32)}
     assert casts(trace, 512 * 256 * 2) == 2  # one per region, both layer calls
     assert casts(trace, 64 * 256 * 2) == 4  # the input, at each call
-    assert trace.notes == {}
+    assert trace.notes == UNCHECKED
 
 
 def test_without_the_cache_the_weight_is_cast_at_each_call():
@@ -172,7 +177,7 @@ def test_outside_a_region_in_a_disabled_one_and_under_cpu_autocast_nothing_chang
         trace, seen = traced(body(context))
         assert seen["out"] == torch.float32
         assert trace.events == plain.events
-        assert trace.notes == {}
+        assert trace.notes == (UNCHECKED if context is nested else {})  # a region was on
 
 
 def test_the_dtype_of_cuda_autocast_is_float16_unless_given_and_meta_names_cuda():
@@ -246,7 +251,9 @@ def llama(**changes):
         return transformers.LlamaForCausalLM(config)
 
 
-def test_a_llama_training_step_under_bf16_autocast_is_predicted_with_its_own_figures():
+def test_a_llama_training_step_under_bf16_autocast_is_predicted_with_its_own_figures(
+    monkeypatch,
+):
     from pipeline.predicting import gpu_calibration
 
     def drive(mixed):
@@ -267,11 +274,18 @@ def test_a_llama_training_step_under_bf16_autocast_is_predicted_with_its_own_fig
     assert seen == {"logits": BF16, "grads": {torch.float32}, "weights": {torch.float32}}
     plain, seen = traced(drive(False))
     assert seen["logits"] == torch.float32
-    assert mixed.notes == plain.notes == {}
+    assert (mixed.notes, plain.notes) == (UNCHECKED, {})
     predicted = tp.predict(mixed, calibration)
     without = tp.predict(plain, calibration)
-    assert predicted.status == without.status
     assert predicted.rows != without.rows
+    # until a GPU has checked the emulation: a central figure, neither exact nor bounded
+    assert predicted.status == PredictionStatus.APPROXIMATE
+    assert predicted.bounds is None
+    # once checked, the calibration's coverage decides, as without autocast
+    monkeypatch.setattr(ap, "CHECKED_ON_A_GPU", True)
+    checked, _ = traced(drive(True))
+    assert checked.notes == {}
+    assert tp.predict(checked, calibration).status == without.status
 
     # The attention kernel was chosen for bfloat16 under autocast (cast ahead of the choice,
     # as scaled_dot_product_attention's autocast kernel casts before it chooses).

@@ -493,11 +493,19 @@ def test_cudnn_takes_batch_norm_as_pytorchs_backend_choice_says(change, takes):
     ],
     ids=["cuda-bf16", "cuda-fp16-keyword", "disabled", "cpu"],
 )
-def test_cuda_autocast_traced_without_a_gpu_makes_the_gpus_casts(autocast, dtype, status):
+@pytest.mark.parametrize("checked", [False, True], ids=["unchecked", "checked"])
+def test_cuda_autocast_traced_without_a_gpu_makes_the_gpus_casts(
+    monkeypatch, autocast, dtype, status, checked
+):
     """On the meta device PyTorch makes none of CUDA autocast's casts (and disables it
     without a GPU); the trace makes them as an H100 does (autocast_policy.py): the linear
-    layers run in the autocast dtype, and the prediction has its own figures, whose status
-    the calibration's coverage decides as for any trace."""
+    layers run in the autocast dtype, and the prediction has its own figures. Until a GPU
+    has checked the emulation, a region that was on withholds "exact" and the bounds; once
+    checked, the calibration's coverage decides the status as for any trace."""
+    from pipeline.predicting import autocast_policy
+
+    monkeypatch.setattr(autocast_policy, "CHECKED_ON_A_GPU", checked)
+    region = dtype != torch.float32  # a CUDA region was on
     from pipeline.predicting import gpu_calibration
 
     seen = {}
@@ -520,6 +528,11 @@ def test_cuda_autocast_traced_without_a_gpu_makes_the_gpus_casts(autocast, dtype
     calibration, _ = gpu_calibration.load("h200")
     prediction = tp.predict(trace, calibration)
     assert seen["out"] == dtype
+    if region and not checked:
+        assert trace.notes == {autocast_policy.NOTE: autocast_policy.UNCHECKED_WHY}
+        assert prediction.status == PredictionStatus.APPROXIMATE
+        assert prediction.bounds is None
+        return
     assert trace.notes == {}
     if status == "exact":
         assert prediction.status == PredictionStatus.EXACT

@@ -77,6 +77,16 @@ import weakref
 from pipeline.core import torch_private
 
 NOTE = "autocast (CUDA mixed precision)"
+# Whether a GPU's measurements of mixed-precision steps have been held against predictions
+# made with this emulation. Until then a trace that entered a CUDA autocast region says so in
+# a note that withholds "exact" and the bounds (trace_prediction.boundable): the central
+# figure follows PyTorch's own decisions, which no GPU has yet confirmed for these traces.
+CHECKED_ON_A_GPU = False
+UNCHECKED_WHY = (
+    "its casts are PyTorch's own CUDA autocast decisions, asked at each call without a GPU, "
+    "and have not yet been held against a GPU's measurement: the central figure follows "
+    "them, no bounds are claimed (measure traces beside the GPU, where CUDA autocast runs)"
+)
 UNREAD_WHY = "PyTorch's CUDA autocast decision could not be read for {ops}: those calls are uncast"
 RECURRENT = "recurrent layers under CUDA autocast"
 RECURRENT_WHY = (
@@ -572,6 +582,8 @@ def install(torch, notes: dict):
     def enter(context):
         result = original_enter(context)
         if context.device == "cuda":
+            if torch.is_autocast_enabled("cuda") and not CHECKED_ON_A_GPU:
+                notes.setdefault(NOTE, UNCHECKED_WHY)
             pushed = None
             mode = emulation.function_mode
             if torch.is_autocast_enabled("cuda") and mode not in torch_private.torch_function_modes(
