@@ -167,3 +167,27 @@ def test_the_function_named_is_the_kernels_not_the_allocators(request_, function
 def test_without_stack_traces_no_function_is_named():
     found = history_check.check(gpu(("alloc", 4 * MIB)), [("alloc", 512, "aten.sum")])
     assert "gpu_function" not in found["first_difference"]
+
+
+def test_an_empty_tensor_asks_the_gpu_for_nothing():
+    """The replay logs an empty tensor's storage (0 bytes, `torch.tensor([])` copied to the
+    device, a cache's first keys); the GPU's allocator records no request for it."""
+    log = [("phase", 0, "cold_step"), ("alloc", 0, "aten._to_copy"), ("alloc", MIB, "aten.cat"),
+           ("free", 0, "storage")]  # fmt: skip
+    found = history_check.check(gpu(("alloc", MIB)), log)
+    assert found == {"requests": {"gpu": 1, "replay": 1}, "agrees": True, "first_difference": None}
+
+
+@pytest.mark.parametrize("point", ["llama-small", "llama-1b", "gemma2", "llama-tied"])
+def test_an_h100s_history_of_a_transformers_forward_agrees_with_its_replay(point):
+    """Histories an H100 recorded (`measure --memory-history`) of transformers forwards with
+    autograd on, each beside the replay `measure` made: every request agrees in size and
+    order. They differed once at the first empty tensor of the model's cache (the GPU asks
+    for no block, the check counted one of 512 B)."""
+    import pickle
+
+    path = ROOT / "runs" / "20261207T050000Z-user-code-blind" / "h100" / f"{point}.pickle"
+    history = pickle.loads(path.read_bytes())
+    found = history_check.check(history["snapshot"]["device_traces"][0], history["replay"])
+    assert found["agrees"] is True, found["first_difference"]
+    assert found["requests"]["gpu"] == found["requests"]["replay"] > 400

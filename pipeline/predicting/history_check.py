@@ -69,12 +69,15 @@ def made_by(event) -> str | None:
 
 def replay_events(log: list[tuple]) -> list[tuple]:
     """(action, bytes, what) of a replay's log, each event after a phase marker carrying it:
-    what is "phase NAME: operator"."""
+    what is "phase NAME: operator". An empty tensor's storage is left out: the caching
+    allocator gives a request of 0 bytes no block and records nothing (CUDACachingAllocator's
+    `allocate` calls `malloc` only for a size other than 0), as the replay's allocator model
+    takes none for it either."""
     phase, found = None, []
     for action, nbytes, what in log:
         if action == "phase":
             phase = what
-        elif action in ("alloc", "free"):
+        elif action in ("alloc", "free") and nbytes:
             found.append((action, nbytes, f"{phase}: {what}"))
     return found
 
