@@ -46,6 +46,7 @@ import weakref
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
 from pipeline.predicting import (
     autocast_policy,
+    bnb_optimizers,
     ctc_loss,
     cublas_operands,
     cudnn_rnn,
@@ -561,6 +562,7 @@ class Tracer:
                 self._patch_fast_paths()
                 if self.trace.device == "meta":  # CUDA autocast's casts, as a GPU makes them
                     self._undo.append(autocast_policy.install(self.torch, self.trace.notes))
+                    self._undo.append(bnb_optimizers.install(self.torch, self.trace.notes))
                     if self.target is not None:
                         self._undo.append(fused_dropout.install(self.torch))
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))

@@ -109,8 +109,9 @@ def check_recipe(recipe: Recipe, task: str) -> None:
 def trainer_optimizer_class(optim: str):
     """The optimizer class and arguments the Trainer takes for TrainingArguments(optim=...)
     (Trainer.get_optimizer_cls_and_kwargs); refused in one line where the name is not one of
-    TrainingArguments' or the optimizer is not one the trace follows (torch.optim's, and
-    transformers' Adafactor, which is Python over torch's operators)."""
+    TrainingArguments' or the optimizer is not one the trace follows (torch.optim's,
+    transformers' Adafactor, which is Python over torch's operators, and bitsandbytes' 8-bit
+    AdamW not paged, bnb_optimizers.py)."""
     import transformers
     from transformers.training_args import OptimizerNames
 
@@ -125,12 +126,31 @@ def trainer_optimizer_class(optim: str):
     except (ImportError, ValueError) as exc:
         said = " ".join(str(exc).split())
         raise cli.UsageError(f"--optim {optim}: {said[:200]}") from None
-    if not (cls.__module__.startswith("torch.optim.") or cls is transformers.Adafactor):
+    if cls.__module__.startswith("bitsandbytes.") and kwargs.get("is_paged"):
+        raise cli.UsageError(
+            f"--optim {optim}: a paged optimizer keeps its state in CUDA unified memory "
+            "(cudaMallocManaged), which PyTorch's caching allocator does not count: not modelled"
+        )
+    if not (
+        cls.__module__.startswith("torch.optim.")
+        or cls is transformers.Adafactor
+        or (bitsandbytes_adamw(cls) and kwargs.get("optim_bits") == 8)
+    ):
         raise cli.UsageError(
             f"--optim {optim}: {cls.__module__}.{cls.__name__} is not modelled: the lab "
-            "predicts torch.optim's optimizers and transformers' Adafactor"
+            "predicts torch.optim's optimizers, transformers' Adafactor and bitsandbytes' "
+            "8-bit AdamW (adamw_8bit)"
         )
     return cls, kwargs
+
+
+def bitsandbytes_adamw(cls) -> bool:
+    """bitsandbytes.optim.AdamW, whose 8-bit state bnb_optimizers.py follows from source."""
+    if not cls.__module__.startswith("bitsandbytes."):
+        return False
+    import bitsandbytes
+
+    return cls is bitsandbytes.optim.AdamW
 
 
 def trainer_arguments(optim: str):
@@ -462,7 +482,11 @@ def trainer_optimizer(model, optim: str):
         get_optimizer_cls_and_kwargs=trainer.get_optimizer_cls_and_kwargs,
         get_decay_parameter_names=lambda model: trainer.get_decay_parameter_names(None, model),
     )
-    return trainer.create_optimizer(stand_in)
+    with warnings.catch_warnings():
+        # for bitsandbytes' 8-bit optimizers it sums the embeddings' sizes by data_ptr() for
+        # its log only: fake tensors warn at data_ptr()
+        warnings.filterwarnings("ignore", "Accessing the data pointer of FakeTensor", UserWarning)
+        return trainer.create_optimizer(stand_in)
 
 
 def autocast_forward(torch, model, dtype) -> None:
