@@ -261,6 +261,8 @@ def tests(session: nox.Session) -> None:
     # suite's first imports and the kit sessions beside it took that time back: make test
     # 346-351 s from a fresh clone on a 2-core machine, against 352 s.)
     session.install(*nox.project.dependency_groups(PYPROJECT, "hf"))
+    # bitsandbytes, optional for users, is here so that its optimizers' tests run
+    session.install(*nox.project.dependency_groups(PYPROJECT, "bnb"))
     # Most tests pay a subprocess's `import torch`: on several processes (pytest-xdist) the
     # suite takes about 70% of its time on one, on a 2-core machine; the GPU tests stay
     # together on one process (conftest.py). `nox -s tests -- -n 0`: one process.
