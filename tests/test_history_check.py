@@ -191,3 +191,29 @@ def test_an_h100s_history_of_a_transformers_forward_agrees_with_its_replay(point
     found = history_check.check(history["snapshot"]["device_traces"][0], history["replay"])
     assert found["agrees"] is True, found["first_difference"]
     assert found["requests"]["gpu"] == found["requests"]["replay"] > 400
+
+
+@pytest.mark.parametrize(("flags", "context"), [
+    (["--history-stacks"], {"context": "alloc", "stacks": "all"}),
+    ([], {"context": None}),
+])  # fmt: skip
+def test_measure_history_stacks_records_each_blocks_stack(tmp_path, monkeypatch, flags, context):
+    """`measure --history-stacks` asks the allocator for each block's C++ and Python stack
+    (the options the H100's frames above were recorded with); without it, no stack."""
+    import runfixtures
+
+    asked = []
+    monkeypatch.setattr(
+        tp.torch_private, "record_memory_history", lambda torch, **options: asked.append(options)
+    )
+    monkeypatch.setattr(tp.torch_private, "stop_memory_history", lambda torch: None)
+    monkeypatch.setattr(tp.torch_private, "memory_snapshot", lambda torch: None)
+
+    class Recording(type(runfixtures.host_gpu())):
+        def history(self, torch, on):  # the real Gpu's, on the CPU stand-in's allocator
+            return own_model.Gpu.history(self, torch, on)
+
+    code = runfixtures.own_model_run(tmp_path, [*runfixtures.RESNET, *flags], gpu=Recording())
+    assert code == 0
+    assert asked == [{"enabled": "all", "max_entries": tp.HISTORY_ENTRIES,
+                      "clear_history": True, **context}]  # fmt: skip
