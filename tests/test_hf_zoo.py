@@ -486,9 +486,9 @@ BROKEN_OPEN: dict[str, tuple[int, str]] = {
         "prediction, batch x sequence x sequence bytes: with checkpointing transformers runs "
         "without a cache, and masking_utils.find_packed_sequence_indices takes a fake tensor "
         "for a traced graph (is_tracing -> is_fake_tensor), so the trace keeps the packed-"
-        "sequence mask where a real run reads (mask[:, -1] == 0).all() and drops it; a real "
-        "CPU run of the checkpointed step first differs from the trace there (eq.Scalar "
-        "against arange); not fixed yet",
+        "sequence mask where a real run reads (mask[:, -1] == 0).all() and drops it; fixed "
+        "in packed_positions: predicted again, all 7 points equal their H100 measurements "
+        "(runs/20261207T144500Z-checkpointing-repredicted/)",
     ),
     "20261207T053000Z-idioms-generated-blind": (
         40,

@@ -57,6 +57,7 @@ from pipeline.predicting import (
     kernel_formulas,
     loss_outputs,
     module_conversion,
+    packed_positions,
     packed_sequences,
     reduce_scratch,
     segment_order,
@@ -568,6 +569,7 @@ class Tracer:
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
                 self._undo.append(fused_cells.add_fake_kernels(self.torch))
                 self._undo.append(module_conversion.install(self.torch, self))
+                self._undo.append(packed_positions.install(self.torch))
                 self._undo.append(loss_outputs.add_fake_kernels(self.torch, self.fake))
                 if self.target is not None and self.target.cudnn() is not None:
                     self._undo.append(cudnn_rnn.add_fake_kernels(self.torch))
