@@ -415,11 +415,11 @@ def test_add_foreach_type_lets_the_optimizers_take_foreach_for_it_and_undoes():
     assert tpv.FakeTensor not in optimizer._foreach_supported_types
 
 
-def test_add_foreach_device_lets_the_optimizers_take_foreach_there_and_undoes():
+def test_add_optimizer_device_lets_the_optimizers_take_foreach_there_and_undoes():
     from torch.optim import optimizer
 
     original = optimizer._get_foreach_kernels_supported_devices
-    undo = tpv.add_foreach_device("meta")
+    undo = tpv.add_optimizer_device("meta")
     try:
         assert optimizer._get_foreach_kernels_supported_devices() == [*original(), "meta"]
     finally:
@@ -434,7 +434,7 @@ def test_fake_parameters_on_meta_take_the_foreach_kernels_with_both():
     with tpv.FakeTensorMode():
         parameter = torch.nn.Parameter(torch.empty(4, device="meta"))
     assert optimizer._default_to_fused_or_foreach([parameter], False, False) == (False, False)
-    undo = [tpv.add_foreach_type(tpv.FakeTensor), tpv.add_foreach_device("meta")]
+    undo = [tpv.add_foreach_type(tpv.FakeTensor), tpv.add_optimizer_device("meta")]
     try:
         assert optimizer._default_to_fused_or_foreach([parameter], False, False) == (False, True)
     finally:

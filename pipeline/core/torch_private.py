@@ -364,7 +364,7 @@ def add_foreach_type(cls):
     return lambda: supported.remove(cls)
 
 
-def add_foreach_device(device: str):
+def add_optimizer_device(device: str):
     """torch.optim takes its foreach kernels, and accepts fused=True (the Trainer's default
     optimizer, adamw_torch_fused), on `device` too (a meta trace stands for a GPU; the fused
     kernels have meta implementations); returns the undo."""

@@ -566,6 +566,8 @@ def workload_record(setting: Setting, facts: dict, rows: list[dict]) -> dict:
 class Gpu:
     """Everything `measure` asks of the GPU, in one place: the tests stand a CPU in for it."""
 
+    stacks = False  # the history with each block's stack (measure --history-stacks)
+
     def check(self, torch, index: int, text: str) -> None:
         phase_protocol.check_gpu(torch, index, text)
 
@@ -586,8 +588,6 @@ class Gpu:
 
     def probe(self, torch, device, trace) -> trace_prediction.Calibration:
         return trace_prediction.probe_operators(torch, device, trace)
-
-    stacks = False  # measure --history-stacks
 
     def history(self, torch, on: bool):
         """on: starts recording, True; off: the snapshot, recording stopped."""
@@ -710,13 +710,12 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
     --new-tokens and --lora-rank); the dtype: --dtype, else a config's own (as transformers
     builds a model from it), else float32."""
     given = list(args.dim)
-    recipe_flags = trainer_flags(args)
     if args.hf_config is None:
         if args.task or args.new_tokens or args.lora_rank or args.gradient_checkpointing:
             raise cli.UsageError(
                 "--task, --new-tokens, --lora-rank and --gradient-checkpointing go with --hf-config"
             )
-        if recipe_flags:
+        if recipe_flags := trainer_flags(args):
             raise cli.UsageError(
                 f"{recipe_flags[0]}: a Trainer's option, with --hf-config (a workload file "
                 "sets its own optimizer, autocast and Workload.micro_batches)"
@@ -1145,9 +1144,9 @@ def main(
             return estimate(args)
         args.device_text = args.device
         args.device = arguments.device_index(args.device)
-        gpu_ = gpu or Gpu()
-        gpu_.stacks = args.history_stacks
-        return measure(args, gpu_)
+        gpu_in_use = gpu or Gpu()
+        gpu_in_use.stacks = args.history_stacks
+        return measure(args, gpu_in_use)
 
     return cli.run("own_model.py", body, interrupted="nothing was written")
 

@@ -601,7 +601,7 @@ class Tracer:
         parameters on the traced device get the same choice as the real ones will."""
         self._undo.append(torch_private.add_foreach_type(torch_private.FakeTensor))
         if self.trace.device == "meta":
-            self._undo.append(torch_private.add_foreach_device("meta"))
+            self._undo.append(torch_private.add_optimizer_device("meta"))
 
     def _patch_swap(self) -> None:
         """nn.Module.to() swaps fake parameters (torch.utils.swap_tensors) where it assigns

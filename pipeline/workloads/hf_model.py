@@ -334,9 +334,8 @@ def workload_source(
     name = function_name(task, checkpointing)
     signature = "".join(f", {key}={value}" for key, value in dims.items())
     signature = f", *{signature}" if dims else ""
-    passed = (f", {recipe.given()!r}" if recipe.given() else "") + "".join(
-        f", {key}={key}" for key in dims
-    )
+    options = recipe.given()
+    passed = (f", {options!r}" if options else "") + "".join(f", {key}={key}" for key in dims)
     return (
         '"""A Hugging Face model by its config, built by own_model.py --hf-config."""\n\n'
         "import json\n\n"
