@@ -125,6 +125,25 @@ def test_a_batch_sweep_of_a_workload_file_runs_own_model_until_out_of_memory(wor
     assert validate.validate_json(path.read_bytes(), REGISTRY) == []
 
 
+def test_a_sweep_ends_before_a_point_over_the_most_own_model_takes(workload, runs, monkeypatch):
+    """A batch past own_model.py's most (seen on an H100 that held 262,144 images: the next,
+    4,194,304, was refused by own_model.py's command line and the sweep ended in an error)
+    is not started: the sweep ends normally, saying why, with the points it measured."""
+    from pipeline.measuring import own_model
+
+    monkeypatch.setattr(own_model, "MAX_BATCH", 8)
+    argv = ["--workload", f"{workload}:mlp", "--dtype", "float32"]
+    argv += ["--vary", "batch", "--start", "2", "--factor", "2", "--until-oom"]
+    code, runner, summary, out = own_sweep(runs, argv)
+    assert code == 0
+    assert [p["configuration"]["batch"] for p in summary["points"]] == [2, 4, 8]
+    assert [p["status"] for p in summary["points"]] == ["completed"] * 3
+    assert summary["stopped_because"] == (
+        "the next point is not started: batch 16 is over the most own_model.py takes (8)"
+    )
+    assert len(runner.started) == 3
+
+
 def test_the_plan_names_the_workload_by_file_name_and_sha256_never_its_path(workload, runs):
     argv = ["--workload", f"{workload}:mlp", "--vary", "width", "--start", "8", "--factor", "2"]
     code, _, summary, _ = own_sweep(runs, [*argv, "--max-steps", "3"])
@@ -288,11 +307,12 @@ def test_hugging_face_options_without_a_config_are_refused(workload, runs):
 @pytest.mark.gpu
 @pytest.mark.gpu_whole
 def test_an_example_swept_on_the_gpu_runs_to_out_of_memory_predicted_at_every_point(tmp_path):
-    """The ResNet-style example in bfloat16, its batch multiplied by 16 from 1024 until the GPU
-    is full (4M images of 32 x 32 do not fit on an H200): a few points, each predicted."""
+    """The ResNet-style example in bfloat16, its batch multiplied by 16 from 4,096 until the GPU
+    is full (1M images of 32 x 32, the most own_model.py takes, do not fit on an H100; 262,144
+    did): a few points, each predicted."""
     spec = f"{ROOT / 'pipeline' / 'workloads' / 'resnet_cnn.py'}:resnet"
     argv = ["--workload", spec, "--dtype", "bfloat16"]
-    argv += ["--vary", "batch", "--start", "1024", "--factor", "16", "--until-oom"]
+    argv += ["--vary", "batch", "--start", "4096", "--factor", "16", "--until-oom"]
     result = run_script("sweep.py", "--device", "cuda:0", *argv, "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     [path] = tmp_path.glob("*-sweep/sweep.json")

@@ -313,6 +313,24 @@ def own_sweep_base(args: argparse.Namespace) -> tuple[str, dict]:
     return vary, own_base(args, vary)[0]
 
 
+def own_beyond_limits(configuration: dict) -> str | None:
+    """Why the next point is not started: a value over the most own_model.py takes (its
+    command line would refuse it); None to go on."""
+    most = {
+        "batch": own_model.MAX_BATCH,
+        "new_tokens": own_model.MAX_NEW_TOKENS,
+        "lora_rank": own_model.MAX_LORA_RANK,
+    }
+    for name in ("batch", *configuration.get("dimensions", ())):
+        limit = most.get(name, own_model.MAX_DIM)
+        if configuration[name] > limit:
+            return (
+                f"the next point is not started: {name} {configuration[name]:,} is over the "
+                f"most own_model.py takes ({limit:,})"
+            )
+    return None
+
+
 def own_flags(configuration: dict, args: argparse.Namespace) -> list[str]:
     """The `own_model.py measure` options of one point: the workload as the sweep was given it
     (the path, or the config with its task), then the point's settings and dimensions."""
@@ -405,6 +423,7 @@ SWEEPS = {
         base=own_sweep_base,
         flags=own_flags,
         what=lambda base: f" ({base['file']}:{base['function']}, {base['dtype']})",
+        beyond_budget=own_beyond_limits,
     ),
 }
 
