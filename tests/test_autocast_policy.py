@@ -61,7 +61,7 @@ def test_a_linear_layer_runs_in_bfloat16_and_its_weight_is_cast_once_a_region():
     assert seen == {0: (BF16, BF16), 1: (BF16, BF16), "grad": (torch.float32, torch.float32)}
     assert casts(trace, 512 * 256 * 2) == 2  # one per region, both layer calls
     assert casts(trace, 64 * 256 * 2) == 4  # the input, at each call
-    assert trace.notes == UNCHECKED
+    assert trace.notes == {}  # checked on a GPU: no note
 
 
 def test_without_the_cache_the_weight_is_cast_at_each_call():
@@ -150,7 +150,9 @@ def test_the_promoting_operators_take_the_widest_dtype():
     assert casts(trace, 8 * 8 * 4) == 3  # addcmul's two bfloat16 arguments, atan2's one
 
 
-def test_outside_a_region_in_a_disabled_one_and_under_cpu_autocast_nothing_changes():
+def test_outside_a_region_in_a_disabled_one_and_under_cpu_autocast_nothing_changes(monkeypatch):
+    monkeypatch.setattr(ap, "CHECKED_ON_A_GPU", False)  # the note says where a region was on
+
     def body(context):
         def run(seen):
             model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 8)).to("meta")
@@ -274,18 +276,20 @@ def test_a_llama_training_step_under_bf16_autocast_is_predicted_with_its_own_fig
     assert seen == {"logits": BF16, "grads": {torch.float32}, "weights": {torch.float32}}
     plain, seen = traced(drive(False))
     assert seen["logits"] == torch.float32
-    assert (mixed.notes, plain.notes) == (UNCHECKED, {})
+    assert (mixed.notes, plain.notes) == ({}, {})  # checked on a GPU: no note
     predicted = tp.predict(mixed, calibration)
     without = tp.predict(plain, calibration)
     assert predicted.rows != without.rows
-    # until a GPU has checked the emulation: a central figure, neither exact nor bounded
-    assert predicted.status == PredictionStatus.APPROXIMATE
-    assert predicted.bounds is None
-    # once checked, the calibration's coverage decides, as without autocast
-    monkeypatch.setattr(ap, "CHECKED_ON_A_GPU", True)
-    checked, _ = traced(drive(True))
-    assert checked.notes == {}
-    assert tp.predict(checked, calibration).status == without.status
+    # checked on a GPU: the calibration's coverage decides, as without autocast
+    assert predicted.status == without.status
+    # unchecked (an emulation changed since): a central figure, neither exact nor bounded
+    monkeypatch.setattr(ap, "CHECKED_ON_A_GPU", False)
+    unchecked, _ = traced(drive(True))
+    assert unchecked.notes == UNCHECKED
+    assert unchecked.events == mixed.events
+    alone = tp.predict(unchecked, calibration)
+    assert alone.status == PredictionStatus.APPROXIMATE
+    assert alone.bounds is None
 
     # The attention kernel was chosen for bfloat16 under autocast (cast ahead of the choice,
     # as scaled_dot_product_attention's autocast kernel casts before it chooses).

@@ -78,10 +78,11 @@ from pipeline.core import torch_private
 
 NOTE = "autocast (CUDA mixed precision)"
 # Whether a GPU's measurements of mixed-precision steps have been held against predictions
-# made with this emulation. Until then a trace that entered a CUDA autocast region says so in
-# a note that withholds "exact" and the bounds (trace_prediction.boundable): the central
-# figure follows PyTorch's own decisions, which no GPU has yet confirmed for these traces.
-CHECKED_ON_A_GPU = False
+# made with this emulation (they have: the evidence page says where). While False, a trace
+# that entered a CUDA autocast region says so in a note that withholds "exact" and the
+# bounds (trace_prediction.boundable); a change to the emulation that no GPU has seen
+# should set it back to False.
+CHECKED_ON_A_GPU = True
 UNCHECKED_WHY = (
     "its casts are PyTorch's own CUDA autocast decisions, asked at each call without a GPU, "
     "and have not yet been held against a GPU's measurement: the central figure follows "

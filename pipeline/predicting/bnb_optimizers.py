@@ -46,8 +46,9 @@ import sys
 
 NOTE = "bitsandbytes optimizer"
 # Whether a GPU's measurements of steps with a bitsandbytes optimizer have been held against
-# predictions traced this way. Until then a trace that stepped one says so in a note.
-CHECKED_ON_A_GPU = False
+# predictions traced this way (they have: the evidence page says where). While False, a
+# trace that stepped one says so in a note.
+CHECKED_ON_A_GPU = True
 UNCHECKED_WHY = (
     "its state follows bitsandbytes' source (uint8 moments, float32 absmax blocks, 32-bit "
     "state for small parameters and embeddings, its quantisation maps) and has not yet been "
