@@ -563,7 +563,11 @@ def test_hf_options_without_a_config_are_refused(capsys, tmp_path):
     [
         ("training", ["--new-tokens", "4"], "--new-tokens goes with --task generate, not training"),
         (None, ["--new-tokens", "4"], "--new-tokens goes with --task generate, not inference"),
-        ("generate", ["--lora-rank", "8"], "--lora-rank goes with --task lora, not generate"),
+        (
+            "generate",
+            ["--lora-rank", "8"],
+            "--lora-rank goes with --task lora or qlora, not generate",
+        ),
     ],
 )
 def test_a_task_option_given_to_another_task_is_named_in_one_line(

@@ -134,7 +134,7 @@ def test_a_sweep_ends_before_a_point_over_the_most_own_model_takes(workload, run
     monkeypatch.setattr(own_model, "MAX_BATCH", 8)
     argv = ["--workload", f"{workload}:mlp", "--dtype", "float32"]
     argv += ["--vary", "batch", "--start", "2", "--factor", "2", "--until-oom"]
-    code, runner, summary, out = own_sweep(runs, argv)
+    code, runner, summary, _ = own_sweep(runs, argv)
     assert code == 0
     assert [p["configuration"]["batch"] for p in summary["points"]] == [2, 4, 8]
     assert [p["status"] for p in summary["points"]] == ["completed"] * 3

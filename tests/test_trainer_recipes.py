@@ -149,7 +149,7 @@ def test_bf16_keeps_the_weights_in_the_runs_dtype_and_casts_as_the_gpu(capsys, c
         (["training", "--optim", "paged_adamw_8bit"], f"--optim paged_adamw_8bit: {PAGED}"),
         (["training", "--optim", "lomo"], "--optim lomo:"),
         (["inference", "--optim", "sgd"],
-         "--optim: a Trainer's options, for --task training or lora"),
+         "--optim: a Trainer's options, for --task training, lora or qlora"),
         (["generate", "--bf16", "--gradient-accumulation-steps", "2"],
          "--gradient-accumulation-steps, --bf16: a Trainer's options"),
         (["training", "--fp16"], "--fp16: not modelled yet"),

@@ -725,10 +725,10 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
 
     path, task = Path(args.hf_config), args.task or "inference"
     options = {"new_tokens": args.new_tokens, "lora_rank": args.lora_rank}
-    for name, wants in (("new_tokens", "generate"), ("lora_rank", "lora")):
-        if options[name] is not None and task != wants:
+    for name, wants in (("new_tokens", ("generate",)), ("lora_rank", hf_model.ADAPTED)):
+        if options[name] is not None and task not in wants:
             option = "--" + name.replace("_", "-")
-            raise cli.UsageError(f"{option} goes with --task {wants}, not {task}")
+            raise cli.UsageError(f"{option} goes with --task {' or '.join(wants)}, not {task}")
     steps = 1 + args.warmup + args.repeats
     budget = getattr(args, "layer_pass_budget", None) or hf_model.hf_config.LAYER_PASS_BUDGET
     given_hf = given + [(name, value) for name, value in options.items() if value is not None]
@@ -737,10 +737,18 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
             "--fp16: not modelled yet: the Trainer's float16 recipe scales the loss with a "
             "GradScaler, whose skipped steps depend on the gradients' values; --bf16 is"
         )
+    four_bit = hf_model.four_bit_recipe(
+        task,
+        getattr(args, "load_in_4bit", False),
+        quant_type=getattr(args, "bnb_4bit_quant_type", None),
+        use_double_quant=getattr(args, "bnb_4bit_use_double_quant", None),
+        compute_dtype=getattr(args, "bnb_4bit_compute_dtype", None),
+    )
     recipe = hf_model.Recipe(
         optim=getattr(args, "optim", None),
         gradient_accumulation_steps=getattr(args, "gradient_accumulation_steps", 1),
         bf16=getattr(args, "bf16", False),
+        **four_bit,
     )
     file, named = hf_model.workload_file(
         path, task, args.gradient_checkpointing, args.batch, given_hf, steps, budget, recipe
@@ -757,6 +765,14 @@ def trainer_flags(args) -> list[str]:
     if getattr(args, "gradient_accumulation_steps", 1) != 1:
         flags += ["--gradient-accumulation-steps", str(args.gradient_accumulation_steps)]
     flags += [f"--{name}" for name in ("bf16", "fp16") if getattr(args, name, False)]
+    if getattr(args, "load_in_4bit", False):
+        flags.append("--load-in-4bit")
+    for name in ("quant_type", "compute_dtype"):
+        if (value := getattr(args, f"bnb_4bit_{name}", None)) is not None:
+            flags += [f"--bnb-4bit-{name.replace('_', '-')}", value]
+    double = getattr(args, "bnb_4bit_use_double_quant", None)
+    if double is not None:
+        flags.append("--bnb-4bit-use-double-quant" if double else "--no-bnb-4bit-use-double-quant")
     return flags
 
 
@@ -1021,7 +1037,7 @@ def add_configuration(parser) -> None:
 
 def add_hf_options(parser) -> None:
     """What to run of a --hf-config model (hf_model.py)."""
-    parser.add_argument("--task", choices=("inference", "generate", "training", "lora"))
+    parser.add_argument("--task", choices=("inference", "generate", "training", "lora", "qlora"))
     parser.add_argument(
         "--new-tokens",
         type=cli.bounded_int(MAX_NEW_TOKENS),
@@ -1030,7 +1046,29 @@ def add_hf_options(parser) -> None:
     parser.add_argument(
         "--lora-rank",
         type=cli.bounded_int(MAX_LORA_RANK),
-        help=f"lora: the rank (default 8, at most {MAX_LORA_RANK} and the model's width)",
+        help=f"lora, qlora: the rank (default 8, at most {MAX_LORA_RANK} and the model's width)",
+    )
+    # the load, as transformers' BitsAndBytesConfig names it (qlora: 4 bits, its defaults)
+    parser.add_argument(
+        "--load-in-4bit",
+        action="store_true",
+        help="load the model in 4 bits with bitsandbytes, as from_pretrained does "
+        "(inference, generate, lora)",
+    )
+    parser.add_argument(
+        "--bnb-4bit-quant-type",
+        choices=("nf4", "fp4"),
+        help="the 4-bit data type (default fp4, as BitsAndBytesConfig; qlora: nf4)",
+    )
+    parser.add_argument(
+        "--bnb-4bit-use-double-quant",
+        action=argparse.BooleanOptionalAction,
+        help="quantise the quantisation constants too (default no; qlora: yes)",
+    )
+    parser.add_argument(
+        "--bnb-4bit-compute-dtype",
+        choices=sorted(allocator_model.DTYPE_BYTES),
+        help="the dtype 4-bit layers compute in (default float32; qlora: bfloat16)",
     )
     parser.add_argument(
         "--layer-pass-budget",

@@ -46,6 +46,7 @@ import weakref
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
 from pipeline.predicting import (
     autocast_policy,
+    bnb_kernels,
     bnb_optimizers,
     ctc_loss,
     cublas_operands,
@@ -59,6 +60,7 @@ from pipeline.predicting import (
     module_conversion,
     packed_positions,
     packed_sequences,
+    quantized_load,
     reduce_scratch,
     segment_order,
 )
@@ -569,6 +571,12 @@ class Tracer:
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
                 self._undo.append(fused_cells.add_fake_kernels(self.torch))
                 self._undo.append(module_conversion.install(self.torch, self))
+                self._undo.append(
+                    quantized_load.install(
+                        self.torch, self.recorder, self.trace.notes, self.trace.device == "meta"
+                    )
+                )
+                self._undo.append(bnb_kernels.install(self.torch, self._gpu_props()))
                 self._undo.append(packed_positions.install(self.torch))
                 self._undo.append(loss_outputs.add_fake_kernels(self.torch, self.fake))
                 if self.target is not None and self.target.cudnn() is not None:
@@ -595,6 +603,18 @@ class Tracer:
         self.recorder.poll()  # what died inside the operation, before the end values
         self.trace.events.append(("end",))
         return row, result
+
+    def _gpu_props(self) -> tuple[int, int, int] | None:
+        """(SM count, major, minor) of the GPU the trace is for: the target's without a GPU
+        (reduce_scratch.DEVICES), this GPU's beside a measurement; None where unknown."""
+        if self.trace.device != "meta":
+            index = self.torch.device(self.trace.device).index or 0
+            props = self.torch.cuda.get_device_properties(index)
+            return props.multi_processor_count, props.major, props.minor
+        device = reduce_scratch.DEVICES.get(self.target.name) if self.target else None
+        if device is None or not self.target.capability:
+            return None
+        return (device.multiprocessors, *self.target.capability)
 
     def _patch_optimizers(self) -> None:
         """torch.optim picks its foreach kernels for plain tensors on a GPU only: let fake
@@ -1957,6 +1977,8 @@ class Calibration:
             return self.fused_cell(call) if fused_cells.CLAIMED else None
         if call.name in fused_optimizers.OPERATORS:
             return fused_optimizers.template(call.name)
+        if call.name in bnb_kernels.OPERATORS:
+            return bnb_kernels.template(call.name)
         found = reduce_scratch.template_of_call(call.name, call_arguments(call), self.reduce_device)
         return None if found is None else [template_step(step) for step in found]
 

@@ -16,7 +16,15 @@ file, one path for both. Tasks:
   image, sequence or token, as the config's num_labels and problem_type say);
 - lora: peft LoRA of rank `lora_rank` on the modules peft targets for the family (its
   attention projections), AdamW over the adapters (and over a classifier's head, which peft
-  trains whole for a classification task).
+  trains whole for a classification task);
+- qlora: QLoRA as peft's and bitsandbytes' guides write it: the model loaded in 4 bits (NF4,
+  double quantisation, bfloat16 compute unless --bnb-4bit-* say otherwise),
+  `peft.prepare_model_for_kbit_training` (norms and embeddings to float32, checkpointing on),
+  then the lora task's adapters and AdamW.
+`--load-in-4bit` (with BitsAndBytesConfig's --bnb-4bit-quant-type, --bnb-4bit-use-double-quant,
+--bnb-4bit-compute-dtype) loads the model as from_pretrained does with that config, from a
+checkpoint of empty weights in the run's dtype: each weight moved to the device, then
+quantised by bitsandbytes (`load_quantized`).
 `--gradient-checkpointing` turns on the model's own (non-reentrant) checkpointing. A training
 or lora task takes what a Trainer run adds, in TrainingArguments' words (Recipe): `--optim
 NAME` (the optimizer the Trainer makes for that name, with its parameter groups),
@@ -42,7 +50,9 @@ from pipeline.core import allocator_model, cli
 from pipeline.core.workload_contract import Workload, WorkloadFile
 from pipeline.workloads import hf_config
 
-TASKS = ("inference", "generate", "training", "lora")
+TASKS = ("inference", "generate", "training", "lora", "qlora")
+ADAPTED = ("lora", "qlora")  # tasks that train LoRA adapters
+TRAINED = ("training", *ADAPTED)
 SEQUENCE, NEW_TOKENS, LORA_RANK, IMAGE_SIDE = 128, 16, 8, 224
 # The model classes a task builds, by the mapping that names the config's architecture;
 # a base model (or a class transformers does not know) is built as the first of these that
@@ -70,15 +80,26 @@ MISSING = (
 )
 
 
+# BitsAndBytesConfig's 4-bit options, at its defaults, and at the QLoRA paper's (Dettmers et
+# al. 2023, as peft's and bitsandbytes' guides set them), which --task qlora takes
+FOUR_BIT_DEFAULTS = {"quant_type": "fp4", "use_double_quant": False, "compute_dtype": "float32"}
+QLORA_DEFAULTS = {"quant_type": "nf4", "use_double_quant": True, "compute_dtype": "bfloat16"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """What a Trainer run adds to a training or lora task, in TrainingArguments' words.
-    The defaults are the lab's own step: AdamW (foreach, as torch picks on a GPU), one
-    micro-batch, no autocast."""
+    """What a run adds to the model built from its config: a 4-bit load in
+    BitsAndBytesConfig's words, and a Trainer's options in TrainingArguments' words. The
+    defaults are the lab's own step: weights in the run's dtype, AdamW (foreach, as torch
+    picks on a GPU), one micro-batch, no autocast."""
 
     optim: str | None = None
     gradient_accumulation_steps: int = 1
     bf16: bool = False
+    load_in_4bit: bool = False
+    bnb_4bit_quant_type: str = FOUR_BIT_DEFAULTS["quant_type"]
+    bnb_4bit_use_double_quant: bool = FOUR_BIT_DEFAULTS["use_double_quant"]
+    bnb_4bit_compute_dtype: str = FOUR_BIT_DEFAULTS["compute_dtype"]
 
     def given(self) -> dict:
         """The options that differ from the lab's own step (what a run records)."""
@@ -88,15 +109,56 @@ class Recipe:
             if getattr(self, field.name) != field.default
         }
 
+    def quantization(self) -> dict | None:
+        """BitsAndBytesConfig's arguments, or None where the model is not loaded in 4 bits."""
+        if not self.load_in_4bit:
+            return None
+        return {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": self.bnb_4bit_quant_type,
+            "bnb_4bit_use_double_quant": self.bnb_4bit_use_double_quant,
+            "bnb_4bit_compute_dtype": self.bnb_4bit_compute_dtype,
+        }
+
+
+def four_bit_recipe(task: str, load_in_4bit: bool, **given) -> dict:
+    """The 4-bit fields of a Recipe from the options given (None: not given): --task qlora
+    loads in 4 bits with QLoRA's defaults, --load-in-4bit with BitsAndBytesConfig's; the
+    --bnb-4bit-* options go with one of them."""
+    named = {key: value for key, value in given.items() if value is not None}
+    if task != "qlora" and not load_in_4bit:
+        if named:
+            option = "--bnb-4bit-" + next(iter(named)).replace("_", "-")
+            raise cli.UsageError(f"{option} goes with --load-in-4bit or --task qlora")
+        return {}
+    defaults = QLORA_DEFAULTS if task == "qlora" else FOUR_BIT_DEFAULTS
+    return {"load_in_4bit": True} | {
+        f"bnb_4bit_{key}": named.get(key, default) for key, default in defaults.items()
+    }
+
 
 def check_recipe(recipe: Recipe, task: str) -> None:
     """A recipe the lab runs as the Trainer would, else one line."""
-    given = recipe.given()
-    if not given:
-        return
-    if task not in ("training", "lora"):
-        options = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise cli.UsageError(f"{options}: a Trainer's options, for --task training or lora")
+    trainer = {
+        name: value
+        for name, value in recipe.given().items()
+        if name in ("optim", "gradient_accumulation_steps", "bf16")
+    }
+    if trainer and task not in TRAINED:
+        options = ", ".join("--" + name.replace("_", "-") for name in trainer)
+        raise cli.UsageError(f"{options}: a Trainer's options, for --task training, lora or qlora")
+    if recipe.load_in_4bit:
+        if task == "training":
+            raise cli.UsageError(
+                "--load-in-4bit with --task training: 4-bit weights cannot be trained (the "
+                "Trainer refuses a purely quantized model); --task qlora trains LoRA adapters "
+                "over them"
+            )
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise cli.UsageError(
+                "--load-in-4bit and --task qlora load the model with bitsandbytes, not installed "
+                "here: pip install 'bitsandbytes==0.50.2' (pyproject.toml's `bnb` group)"
+            )
     if recipe.optim is not None:
         trainer_optimizer_class(recipe.optim)
     if recipe.bf16 and importlib.util.find_spec("accelerate") is None:
@@ -201,9 +263,9 @@ def read_config(path: Path) -> dict:
 
 def require(task: str) -> None:
     """transformers (and peft for lora) importable, else one line."""
-    needed = ["transformers"] + (["peft"] if task == "lora" else [])
+    needed = ["transformers"] + (["peft"] if task in ADAPTED else [])
     if any(importlib.util.find_spec(name) is None for name in needed):
-        peft = task == "lora"
+        peft = task in ADAPTED
         raise cli.UsageError(
             MISSING.format(
                 peft=" and peft" if peft else "", peft_pin=" 'peft==0.21.2'" if peft else ""
@@ -296,12 +358,12 @@ def check(config: dict, task: str, path: Path, batch: int) -> str:
         refuse_classifier(getattr(transformers, auto)._model_mapping[type(built)], built, batch)
     if task == "generate" and kind != "causal":
         raise cli.UsageError(f"--task generate: {config['model_type']} is not a causal LM")
-    if task == "lora":
+    if task in ADAPTED:
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 
         if config["model_type"] not in TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING:
             raise cli.UsageError(
-                f"--task lora: peft names no attention projections for {config['model_type']}"
+                f"--task {task}: peft names no attention projections for {config['model_type']}"
             )
     return kind, built
 
@@ -317,7 +379,7 @@ def dimensions(task: str, kind: str, config: dict) -> dict[str, int]:
         dims = {"sequence": SEQUENCE}
     if task == "generate":
         dims["new_tokens"] = NEW_TOKENS
-    if task == "lora":
+    if task in ADAPTED:
         dims["lora_rank"] = LORA_RANK
     return dims
 
@@ -339,7 +401,15 @@ def workload_source(
     return (
         '"""A Hugging Face model by its config, built by own_model.py --hf-config."""\n\n'
         "import json\n\n"
-        "from pipeline.workloads import hf_model\n\n"
+        + (
+            # imported before the trace begins, as a user's script imports them: the trace
+            # then follows their load as a GPU runs it (predicting/quantized_load.py)
+            "import bitsandbytes.nn.modules  # noqa: F401\n"
+            "import transformers.modeling_utils  # noqa: F401\n\n"
+            if recipe.load_in_4bit
+            else ""
+        )
+        + "from pipeline.workloads import hf_model\n\n"
         # JSON, not repr: a config's Infinity or NaN (Falcon-H1's time_step_limit) is `inf`
         # to repr, a name Python does not know
         f"CONFIG = json.loads({json.dumps(config)!r})\n\n\n"
@@ -363,7 +433,12 @@ def workload_file(
     builds the model in when it is given none, or None. Refused up front: a trace of `steps`
     steps with the dimensions `given` (--dim, --new-tokens, --lora-rank) over the budget
     (hf_config.over_budget), and a LoRA rank over the model's width."""
-    if checkpointing and task not in ("training", "lora"):
+    if checkpointing and task == "qlora":
+        raise cli.UsageError(
+            "--gradient-checkpointing with --task qlora: it is on already "
+            "(prepare_model_for_kbit_training turns it on, as peft's QLoRA recipe does)"
+        )
+    if checkpointing and task not in TRAINED:
         raise cli.UsageError(
             f"--gradient-checkpointing goes with --task training or lora: {task} keeps no "
             "activations for a backward pass"
@@ -377,7 +452,7 @@ def workload_file(
     if refused := hf_config.over_budget(built, task, dims, batch, passes, budget):
         raise cli.UsageError(refused)
     width = getattr(built.get_text_config(), "hidden_size", None)
-    if task == "lora" and isinstance(width, int) and dims["lora_rank"] > width:
+    if task in ADAPTED and isinstance(width, int) and dims["lora_rank"] > width:
         raise cli.UsageError(
             f"--lora-rank {dims['lora_rank']}: over the model's width {width}, the most a "
             "LoRA adapter of its projections can use"
@@ -407,13 +482,17 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
     # The model's module is imported before the device context, as a user's script imports it:
     # a tensor made at import time (torchaudio's, which transformers imports where it is
     # installed) would otherwise be made on the GPU and held there for the whole run.
-    getattr(transformers, auto)._model_mapping[type(settings)]
-    with torch.device(config.device), initialised_as_on_a_gpu(transformers, config.device):
-        model = getattr(transformers, auto).from_config(settings, dtype=config.dtype)
-    # A tensor the model makes on the CPU whatever the device (LeViT's attention bias
-    # indices, `torch.LongTensor(...)`) is moved as a user's script moves the model: a copy
-    # to the GPU, in model_load. The rest is there already, and `.to` leaves it alone.
-    model = model.to(config.device)
+    model_class = getattr(transformers, auto)._model_mapping[type(settings)]
+    recipe = Recipe(**(recipe or {}))
+    if recipe.load_in_4bit:  # loaded onto the device by from_pretrained
+        model = load_quantized(torch, transformers, model_class, settings, config, recipe)
+    else:
+        with torch.device(config.device), initialised_as_on_a_gpu(transformers, config.device):
+            model = getattr(transformers, auto).from_config(settings, dtype=config.dtype)
+        # A tensor the model makes on the CPU whatever the device (LeViT's attention bias
+        # indices, `torch.LongTensor(...)`) is moved as a user's script moves the model: a
+        # copy to the GPU, in model_load. The rest is there already, and `.to` leaves it alone.
+        model = model.to(config.device)
     if "sequence" in dims:  # the generation's last token sits at sequence + new_tokens - 2
         needed = dims["sequence"] + (dims["new_tokens"] - 1 if task == "generate" else 0)
         limit = learned_positions(torch, model)
@@ -436,9 +515,14 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
         return Workload(model.eval(), make_inputs)
     if task == "generate":
         return Workload(model.eval(), make_inputs, step=greedy(torch, dims["new_tokens"]))
-    if task == "lora":
+    if task in ADAPTED:
         import peft
 
+        if task == "qlora":
+            with warnings.catch_warnings():
+                # it enables checkpointing through transformers' deprecated alias
+                warnings.filterwarnings("ignore", "`gradient_checkpointing_enable`", FutureWarning)
+                model = peft.prepare_model_for_kbit_training(model)
         rank = dims["lora_rank"]
         lora = {"r": rank, "lora_alpha": 2 * rank}
         if kind in PEFT_TASKS:
@@ -449,7 +533,6 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
             model = peft.get_peft_model(model, peft.LoraConfig(**lora))
     model.train()
-    recipe = Recipe(**(recipe or {}))
     if recipe.optim is None:
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)  # a GPU's default
@@ -460,6 +543,41 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
     return Workload(model, make_inputs, step=lambda model, inputs: model(**inputs).loss,
                     optimizer=optimizer,
                     micro_batches=recipe.gradient_accumulation_steps)  # fmt: skip
+
+
+def load_quantized(torch, transformers, model_class, settings, config, recipe: Recipe):
+    """The model as from_pretrained loads it with the recipe's BitsAndBytesConfig onto the
+    run's device, from a checkpoint of the model's own tensors, empty (their values change
+    no block), in the run's dtype and on the host as a loaded file's are: each weight is
+    moved to the device and, where bitsandbytes replaced its Linear, quantised there. Tied
+    weights are stored once, as save_pretrained stores them."""
+    with contextlib.ExitStack() as stack:  # the skeleton from_pretrained itself builds
+        for context in model_class.get_init_context(config.dtype, False, False, None):
+            stack.enter_context(context)
+        skeleton = model_class(settings)
+    tied = set(getattr(skeleton, "all_tied_weights_keys", None) or ())
+    checkpoint = {
+        name: torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+        for name, tensor in skeleton.state_dict(keep_vars=True).items()
+        if name not in tied
+    }
+    del skeleton
+    quantization = transformers.BitsAndBytesConfig(**recipe.quantization())
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # no table of the weights it initialised
+    transformers.logging.disable_progress_bar()
+    try:
+        return model_class.from_pretrained(
+            None,
+            config=settings,
+            state_dict=checkpoint,
+            quantization_config=quantization,
+            device_map={"": config.device},
+            dtype=config.dtype,
+        )
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        transformers.logging.enable_progress_bar()
 
 
 def trainer_optimizer(model, optim: str):
@@ -521,7 +639,7 @@ def inputs_for(torch, config, model, kind: str, task: str, size: int | None):
     """make_inputs() for the model's kind: `size` token ids (labels = inputs for training),
     or images `size` pixels a side; a classifier's labels are random, as its loss takes them."""
     settings = model.config
-    training = task in ("training", "lora")
+    training = task in TRAINED
     device, batch = config.device, config.batch
 
     def make_inputs() -> dict:
