@@ -447,7 +447,10 @@ BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
         (
             '{"model_type": "llama", "quantization_config": {"load_in_4bit": true}}',
             ("--task", "training"),
-            "a quantized model (quantization_config) is not modelled",
+            "a quantized model (quantization_config) is not modelled: built from its config, "
+            "transformers makes it unquantized, whose memory is not that of the quantized "
+            "weights and kernels; remove quantization_config from a copy of the file and give "
+            "--load-in-4bit",
         ),
         ('{"model_type": "llama"}', ("--task", "lora", "--workload", "x.py:f"), "not allowed"),
     ],

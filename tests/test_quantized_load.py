@@ -244,3 +244,19 @@ def test_the_warm_up_asks_a_gpu_for_the_models_bytes_in_float16_and_drops_them()
     before = torch.zeros(1)
     utils.caching_allocator_warmup(model, {"w": "meta"}, None)
     assert before.sum() == 0
+
+
+def test_a_bias_cast_the_trace_cannot_follow_is_refused_in_one_line(capsys, tmp_path):
+    """Qwen2's projections have biases: loaded in bfloat16 with float32 compute,
+    bitsandbytes casts them in place under inference_mode, which the meta device refuses."""
+    path = written(tmp_path, reduced("qwen2.5-0.5b"))
+    argv = ["estimate", "--hf-config", str(path), "--task", "inference", "--load-in-4bit"]
+    code = own_model.main([*argv, "--dtype", "bfloat16", "--dim", "sequence=8"])
+    [line] = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert line.startswith(
+        "own_model.py: error: --bnb-4bit-compute-dtype float32 on a model in bfloat16 whose "
+        "4-bit layers have biases"
+    ), line
+    same = [*argv, "--dtype", "bfloat16", "--dim", "sequence=8"]
+    assert own_model.main([*same, "--bnb-4bit-compute-dtype", "bfloat16"]) == 0

@@ -251,12 +251,19 @@ def read_config(path: Path) -> dict:
         # from_config ignores it: the model would be built, predicted and measured unquantized
         # under the quantized model's name, its 4- or 8-bit weights taken at --dtype's size.
         method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        four_bit = isinstance(quantization, dict) and quantization.get("load_in_4bit") is True
         raise cli.UsageError(
             f"--hf-config {path}: a quantized model (quantization_config"
             f"{f': {method}' if isinstance(method, str) else ''}) is not modelled: built from "
             "its config, transformers makes it unquantized, whose memory is not that of the "
-            "quantized weights and kernels; to size the unquantized model, remove "
-            "quantization_config from a copy of the file"
+            "quantized weights and kernels; "
+            + (
+                "remove quantization_config from a copy of the file and give --load-in-4bit "
+                "with its --bnb-4bit-* options, which load it in 4 bits"
+                if four_bit
+                else "to size the unquantized model, remove quantization_config from a copy "
+                "of the file"
+            )
         )
     return config
 
@@ -486,6 +493,8 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
     recipe = Recipe(**(recipe or {}))
     if recipe.load_in_4bit:  # loaded onto the device by from_pretrained
         model = load_quantized(torch, transformers, model_class, settings, config, recipe)
+        if task in ("inference", "generate"):
+            refuse_bias_casts(torch, model, config, recipe)
     else:
         with torch.device(config.device), initialised_as_on_a_gpu(transformers, config.device):
             model = getattr(transformers, auto).from_config(settings, dtype=config.dtype)
@@ -578,6 +587,30 @@ def load_quantized(torch, transformers, model_class, settings, config, recipe: R
     finally:
         transformers.logging.set_verbosity(verbosity)
         transformers.logging.enable_progress_bar()
+
+
+def refuse_bias_casts(torch, model, config, recipe: Recipe) -> None:
+    """A 4-bit layer with a bias in another dtype than its compute dtype casts the bias at
+    each call, in place (`bias.data = bias.data.to(x.dtype)`, bitsandbytes' Linear4bit).
+    Under torch.inference_mode PyTorch refuses that assignment on the meta device, where a
+    trace without a GPU runs (a GPU's tensors accept it): refused in one line there."""
+    if config.device.type != "meta":
+        return
+    compute = getattr(torch, recipe.bnb_4bit_compute_dtype)
+    biased = any(
+        type(module).__name__ == "Linear4bit"
+        and module.bias is not None
+        and module.bias.dtype != compute
+        for module in model.modules()
+    )
+    if biased:
+        raise cli.UsageError(
+            f"--bnb-4bit-compute-dtype {recipe.bnb_4bit_compute_dtype} on a model in "
+            f"{str(config.dtype).removeprefix('torch.')} whose 4-bit layers have biases: "
+            "bitsandbytes casts each bias in place at each call, which PyTorch refuses under "
+            "inference_mode on the device a trace runs on; not modelled: give the model's "
+            "dtype as --bnb-4bit-compute-dtype"
+        )
 
 
 def trainer_optimizer(model, optim: str):

@@ -64,7 +64,7 @@ from pipeline.measuring import own_model as own_model_cli  # noqa: E402
 SCHEMA = "urn:iteragpu-lab:schema:hf-zoo-grid:v1"
 COUNTERS = mesure_memoire.COUNTER_KEYS
 PEAKS = ("peak_allocated_bytes", "peak_reserved_bytes")
-TASKS = ("inference", "generate", "training", "lora")
+TASKS = ("inference", "generate", "training", "lora", "qlora")
 CRASH, NOT_MEASURED = "crash", "not_measured"
 NOT_STARTED = "not started:"  # a measure log's line for a point the deadline left out
 EXACT_HELD, FALSE_EXACT = "exact_held", "false_exact"
