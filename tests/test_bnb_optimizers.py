@@ -96,8 +96,7 @@ def test_the_note_goes_with_bitsandbytes_only(capsys, config, monkeypatch):
 @pytest.mark.parametrize(
     ("optim", "said"),
     [
-        ("paged_adamw_8bit", "CUDA unified memory (cudaMallocManaged)"),
-        ("paged_adamw_32bit", "CUDA unified memory (cudaMallocManaged)"),
+        ("paged_adamw_32bit", "is not modelled"),
         ("lion_8bit", "bitsandbytes.optim.lion.Lion is not modelled"),
     ],
 )
@@ -112,3 +111,25 @@ def test_other_bitsandbytes_optimizers_are_refused_in_one_line(
     assert f"--optim {optim}: " in err
     assert said in err
     assert not out.exists()
+
+
+def test_a_paged_8bit_adamw_over_small_tensors_keeps_the_unpaged_state(capsys, config):
+    """bitsandbytes pages the state of tensors of 100,000 values or more only: LoRA adapters
+    of a low rank (QLoRA's paged_adamw_8bit) keep theirs as adamw_8bit does."""
+    paged = estimate(capsys, config, "--task", "qlora", "--optim", "paged_adamw_8bit")
+    unpaged = estimate(capsys, config, "--task", "qlora", "--optim", "adamw_8bit")
+    assert paged["workload"]["recipe"]["optim"] == "paged_adamw_8bit"
+    assert paged["prediction"]["phases"] == unpaged["prediction"]["phases"]
+
+
+def test_a_paged_state_outside_the_allocator_is_refused_in_one_line(capsys, tmp_path):
+    """An embedding of 2,048 x 64 = 131,072 values trained in full: its paged state would be
+    in CUDA unified memory, which the allocator's counters do not hold."""
+    path = written(tmp_path, reduced("llama-3.2-1b", vocab_size=2048))
+    argv = ["estimate", "--hf-config", str(path), "--task", "training", "--dim", "sequence=8"]
+    assert own_model.main([*argv, "--optim", "paged_adamw_8bit"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        "own_model.py: error: --optim paged_adamw_8bit: 1 trained tensors of 100,000 values "
+        "or more (the largest 131,072) would keep their state in CUDA unified memory"
+    ), line

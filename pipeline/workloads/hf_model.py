@@ -173,7 +173,8 @@ def trainer_optimizer_class(optim: str):
     (Trainer.get_optimizer_cls_and_kwargs); refused in one line where the name is not one of
     TrainingArguments' or the optimizer is not one the trace follows (torch.optim's,
     transformers' Adafactor, which is Python over torch's operators, and bitsandbytes' 8-bit
-    AdamW not paged, bnb_optimizers.py)."""
+    AdamW, paged where no state would leave the allocator's blocks: refuse_paged_state;
+    bnb_optimizers.py)."""
     import transformers
     from transformers.training_args import OptimizerNames
 
@@ -188,11 +189,6 @@ def trainer_optimizer_class(optim: str):
     except (ImportError, ValueError) as exc:
         said = " ".join(str(exc).split())
         raise cli.UsageError(f"--optim {optim}: {said[:200]}") from None
-    if cls.__module__.startswith("bitsandbytes.") and kwargs.get("is_paged"):
-        raise cli.UsageError(
-            f"--optim {optim}: a paged optimizer keeps its state in CUDA unified memory "
-            "(cudaMallocManaged), which PyTorch's caching allocator does not count: not modelled"
-        )
     if not (
         cls.__module__.startswith("torch.optim.")
         or cls is transformers.Adafactor
@@ -547,6 +543,7 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
         optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)  # a GPU's default
     else:
         optimizer = trainer_optimizer(model, recipe.optim)
+        refuse_paged_state(optimizer, recipe.optim)
     if recipe.bf16:
         autocast_forward(torch, model, torch.bfloat16)
     return Workload(model, make_inputs, step=lambda model, inputs: model(**inputs).loss,
@@ -587,6 +584,32 @@ def load_quantized(torch, transformers, model_class, settings, config, recipe: R
     finally:
         transformers.logging.set_verbosity(verbosity)
         transformers.logging.enable_progress_bar()
+
+
+# bitsandbytes' Optimizer8bit.get_state_buffer: a paged optimizer's state for a tensor of
+# this many values or more is made in CUDA unified memory (F.get_paged, cudaMallocManaged);
+# below it, with torch.zeros_like as the unpaged optimizer's
+PAGED_FROM = 100_000
+
+
+def refuse_paged_state(optimizer, optim: str) -> None:
+    """A paged optimizer whose every parameter is under PAGED_FROM values keeps its state as
+    the unpaged one, in blocks of PyTorch's allocator; one with a larger parameter would
+    keep that state outside the allocator's counters: refused in one line."""
+    if not getattr(optimizer, "is_paged", False):
+        return
+    large = [
+        p.numel() for group in optimizer.param_groups for p in group["params"]
+        if p.numel() >= PAGED_FROM
+    ]  # fmt: skip
+    if large:
+        raise cli.UsageError(
+            f"--optim {optim}: {len(large)} trained tensors of {PAGED_FROM:,} values or more "
+            f"(the largest {max(large):,}) would keep their state in CUDA unified memory "
+            "(cudaMallocManaged), which PyTorch's caching allocator does not count: not "
+            "modelled; with every trained tensor smaller (LoRA adapters of a low rank), a "
+            "paged optimizer keeps its state as the unpaged one and is predicted"
+        )
 
 
 def refuse_bias_casts(torch, model, config, recipe: Recipe) -> None:
