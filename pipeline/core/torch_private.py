@@ -92,6 +92,33 @@ def __dir__() -> list[str]:
 # ---------------------------------------------------------------- fake tensors
 
 
+def wrap_make_subclass(torch, make):
+    """torch.Tensor._make_subclass, with which a Parameter subclass wraps its data
+    (bitsandbytes' Params4bit), answered by make(original, cls, data, require_grad, **kwargs)
+    until the returned undo is called."""
+    original = torch.Tensor._make_subclass
+    had = "_make_subclass" in torch.Tensor.__dict__
+
+    def wrapped(cls, data, require_grad=False, **kwargs):
+        return make(original, cls, data, require_grad, **kwargs)
+
+    torch.Tensor._make_subclass = staticmethod(wrapped)
+
+    def undo():
+        if had:
+            torch.Tensor._make_subclass = original
+        else:
+            del torch.Tensor._make_subclass
+
+    return undo
+
+
+def to_device(torch, *args, **kwargs):
+    """The device a `Tensor.to(...)` call names, or None: its arguments parsed as Tensor.to
+    parses them (torch._C._nn._parse_to)."""
+    return torch._C._nn._parse_to(*args, **kwargs)[0]
+
+
 def fake_tensor_limits() -> tuple:
     """The exceptions by which fake tensors say the trace cannot follow the code: it stops."""
     from torch._subclasses import fake_tensor

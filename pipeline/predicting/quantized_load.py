@@ -64,7 +64,7 @@ def install(torch, recorder, notes: dict, on_meta: bool):
     bnb = sys.modules.get("bitsandbytes.nn.modules")
     if bnb is None:
         return lambda: None
-    undo = [_replace(torch.Tensor, "_make_subclass", _fake_parameters(torch))]
+    undo = [torch_private.wrap_make_subclass(torch, _fake_parameters(torch))]
     functional = sys.modules.get("bitsandbytes.functional")
     if functional is not None:
         undo.append(_fresh_maps(functional.name2qmap))
@@ -128,16 +128,15 @@ def fake_class(torch, cls):
     """A class that is both the parameter class `cls` and FakeTensor, made once per class."""
     made = _FAKE_CLASSES.get(cls)
     if made is None:
-        fake = torch._subclasses.fake_tensor.FakeTensor
+        fake = torch_private.FakeTensor
         made = _FAKE_CLASSES[cls] = type(f"Fake{cls.__name__}", (cls, fake), {})
     return made
 
 
 def _fake_parameters(torch):
-    original = torch.Tensor._make_subclass
-    fake = torch._subclasses.fake_tensor.FakeTensor
+    fake = torch_private.FakeTensor
 
-    def _make_subclass(cls, data, require_grad=False, **kwargs):
+    def make(original, cls, data, require_grad=False, **kwargs):
         if isinstance(data, fake) and issubclass(cls, torch.nn.Parameter) and not kwargs:
             alias = data.detach()
             alias.requires_grad_(require_grad)
@@ -145,7 +144,7 @@ def _fake_parameters(torch):
             return alias
         return original(cls, data, require_grad, **kwargs)
 
-    return staticmethod(_make_subclass)
+    return make
 
 
 def _skeleton_contexts(utils, recorder):
@@ -209,7 +208,7 @@ def _quantised_on_meta(torch, bnb, notes: dict):
     original = bnb.Params4bit.__dict__["to"]
 
     def to(self, *args, **kwargs):
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        device = torch_private.to_device(torch, *args, **kwargs)
         if device is not None and device.type == "meta" and not self.bnb_quantized:
             if not CHECKED_ON_A_GPU:
                 notes.setdefault(NOTE, UNCHECKED_WHY)
