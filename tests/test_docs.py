@@ -38,7 +38,7 @@ SUPPORT_ROWS = {  # the row's first cell: what its "not supported" cell must nam
     "Mixed precision": "--fp16",
     "Optimizers": "8-bit",
     "Gradient accumulation": None,
-    "Quantization": "4-bit and 8-bit",
+    "Quantization": "8-bit",
     "Attention implementations": "flash_attention_2",
     "GPUs": "H200",
     "Several GPUs": "one GPU",
