@@ -715,9 +715,9 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
             raise cli.UsageError(
                 "--task, --new-tokens, --lora-rank and --gradient-checkpointing go with --hf-config"
             )
-        if recipe_flags := trainer_flags(args):
+        if given_flags := recipe_flags(args):
             raise cli.UsageError(
-                f"{recipe_flags[0]}: a Trainer's option, with --hf-config (a workload file "
+                f"{given_flags[0]}: a Trainer's option, with --hf-config (a workload file "
                 "sets its own optimizer, autocast and Workload.micro_batches)"
             )
         return read_workload_file(*workload), given, args.dtype or DEFAULTS["dtype"]
@@ -757,8 +757,9 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
     return file, given, args.dtype or named or DEFAULTS["dtype"]
 
 
-def trainer_flags(args) -> list[str]:
-    """The Trainer's options given (add_hf_options), as flags: sweep.py passes them on."""
+def recipe_flags(args) -> list[str]:
+    """A --hf-config run's recipe options given (a 4-bit load, a Trainer's options:
+    add_hf_options), as flags: sweep.py passes them on."""
     flags = []
     if getattr(args, "optim", None) is not None:
         flags += ["--optim", args.optim]

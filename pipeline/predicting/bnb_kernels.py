@@ -33,6 +33,7 @@ Standard library only (torch is passed in).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -61,10 +62,12 @@ def template(name: str) -> list[tuple]:
     return [("output", index, None) for index in OUTPUT_ORDER[name]]
 
 
+@functools.cache
 def read_cuda_dispatch(torch, props: tuple[int, int, int]) -> dict | None:
     """bitsandbytes' own `_gemm_4bit_use_custom_cuda` and `_dequant_linear_fallback`, and
     the CUDA row cap, from its source, bound to this GPU's (SM count, major, minor); None
-    where the source does not hold them."""
+    where the source does not hold them. Read once a process for a GPU (parsing the source
+    takes tens of milliseconds, and a process may trace many times)."""
     spec = importlib.util.find_spec("bitsandbytes")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -76,8 +79,7 @@ def read_cuda_dispatch(torch, props: tuple[int, int, int]) -> dict | None:
     body: list = []
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name in READ:
-            node.decorator_list = []  # functools.cache: one GPU here, asked once a shape
-            body.append(node)
+            body.append(node)  # with its decorators (functools.cache: asked once a shape)
         elif isinstance(node, ast.Assign) and _names(node) == {"_GEMM_4BIT_CUSTOM_FLOOR_M"}:
             body.append(node)
         elif isinstance(node, ast.If) and ast.unparse(node.test) == "torch.version.hip is None":
@@ -85,6 +87,7 @@ def read_cuda_dispatch(torch, props: tuple[int, int, int]) -> dict | None:
                 "_gemm_4bit_custom_max_m"
             }]  # fmt: skip
     namespace = {
+        "functools": functools,
         "torch": torch,
         "_gpu_dispatch_props": lambda index: props,
         # the library's kernels write into blocks made before them: only their copy of a

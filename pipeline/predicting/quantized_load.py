@@ -29,9 +29,10 @@ Read in transformers 5.23 (modeling_utils.py, integrations/bitsandbytes.py) and 
   detached fake tensor takes a class that is both the parameter's class and FakeTensor
   (`fake_class`): bitsandbytes' methods and attributes as written, FakeTensor's dispatch.
 
-The first three are installed only in a trace whose device is meta, and only where
-transformers' modeling_utils (and bitsandbytes, for the third) is imported already: a
-workload that loads in 4 bits imports them before its trace.
+Nothing is installed where bitsandbytes is not imported already (a workload that loads in 4
+bits imports it, and transformers' modeling_utils, before its trace). The first three only in
+a trace whose device is meta, the first two only where modeling_utils is imported; the last
+two in every trace.
 A trace that quantised a weight notes NOTE while CHECKED_ON_A_GPU is False, which withholds
 "exact" and the bounds (trace_prediction.boundable).
 

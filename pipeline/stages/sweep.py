@@ -338,7 +338,7 @@ def own_flags(configuration: dict, args: argparse.Namespace) -> list[str]:
         task = args.task or "inference"
         checkpointing = ["--gradient-checkpointing"] if args.gradient_checkpointing else []
         flags = [HF_CONFIG, args.hf_config, "--task", task, *checkpointing]
-        flags += own_model.trainer_flags(args)
+        flags += own_model.recipe_flags(args)
     else:
         path = own_model.workload_argument(args.workload)[0]
         flags = ["--workload", f"{path}:{configuration['function']}"]
