@@ -675,3 +675,13 @@ def test_a_sweeps_later_point_past_batch_one_is_refused_where_the_model_is_built
     assert hf_model.build(meta(1), config, "training", False, sequence=16).model is not None
     with pytest.raises(own_model.cli.UsageError, match="--batch 4: LlamaForSequenceClassification"):
         hf_model.build(meta(4), config, "training", False, sequence=16)
+
+
+@pytest.mark.parametrize("option", [["--load-in-4bit"], ["--optim", "sgd"], ["--bf16"]])
+def test_a_recipe_option_without_a_config_is_refused_in_one_line(capsys, tmp_path, option):
+    path = tmp_path / "m.py"
+    path.write_text("def f(config):\n    pass\n")
+    code = own_model.main(["estimate", "--workload", f"{path}:f", *option])
+    assert code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"own_model.py: error: {option[0]}: goes with --hf-config"), line

@@ -717,8 +717,8 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
             )
         if given_flags := recipe_flags(args):
             raise cli.UsageError(
-                f"{given_flags[0]}: a Trainer's option, with --hf-config (a workload file "
-                "sets its own optimizer, autocast and Workload.micro_batches)"
+                f"{given_flags[0]}: goes with --hf-config (a workload file loads its own "
+                "model and sets its own optimizer, autocast and Workload.micro_batches)"
             )
         return read_workload_file(*workload), given, args.dtype or DEFAULTS["dtype"]
     from pipeline.workloads import hf_model
