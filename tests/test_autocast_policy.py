@@ -222,15 +222,6 @@ def test_checkpointing_recomputes_under_the_autocast_of_its_forward():
     assert casts(trace, 512 * 256 * 2) == 2  # the forward's, the recomputation's
 
 
-def test_a_grad_scaler_that_disables_itself_without_a_gpu_is_noted():
-    def body(seen):
-        torch.amp.GradScaler("cuda")
-
-    with pytest.warns(UserWarning, match="CUDA is not available"):
-        trace, _ = traced(body)
-    assert trace.notes == {ap.GRAD_SCALER: ap.GRAD_SCALER_WHY}
-
-
 def test_the_cache_rules_are_this_pytorchs():
     """PyTorch 2.13 keeps no cast under inference mode and makes the kept ones with grad."""
     rules = ap.cache_rules(torch)

@@ -35,7 +35,7 @@ def test_the_readmes_first_screen_is_install_predict_fit_measure_then_tests():
 SUPPORT_ROWS = {  # the row's first cell: what its "not supported" cell must name
     "Tasks": None,
     "Dtypes": None,
-    "Mixed precision": "--fp16",
+    "Mixed precision": "FP8",
     "Optimizers": "8-bit",
     "Gradient accumulation": None,
     "Quantization": "8-bit",

@@ -141,6 +141,46 @@ def test_bf16_keeps_the_weights_in_the_runs_dtype_and_casts_as_the_gpu(capsys, c
     assert autocast_policy.NOTE not in [u["op"] for u in document["prediction"]["unknown"]]
 
 
+def test_fp16_scales_the_loss_and_holds_the_scalers_two_values(capsys, config):
+    """The Trainer's fp16=True: as bf16=True, the forward under float16 autocast, and the
+    loss scaled by a CUDA GradScaler (grad_scaler.py): its scale and growth tracker,
+    0-dimensional, one 512-byte block each from the first scale() to the end of the run;
+    its step taken, so AdamW makes the same state."""
+    bf16 = training(capsys, config, "--bf16", "--gpu", "h200")
+    fp16 = training(capsys, config, "--fp16", "--gpu", "h200")
+    assert fp16["workload"]["recipe"] == {"fp16": True}
+    assert fp16["workload"]["grad_scaler"] is True
+    assert "grad_scaler" not in bf16["workload"]
+    assert growth(fp16) == growth(bf16)
+    ends = [
+        (f["phase"], f["allocated_bytes"] - b["allocated_bytes"])
+        for f, b in zip(fp16["prediction"]["phases"], bf16["prediction"]["phases"], strict=True)
+    ]
+    assert ends[:2] == [("model_load", 0), ("inputs", 0)]
+    assert all(extra == 2 * 512 for _, extra in ends[2:]), ends
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["training", "--fp16", "--dtype", "float16"],
+         "--fp16 with --dtype float16: GradScaler refuses to unscale float16 gradients"),
+        (["generate", "--fp16"], "--fp16: a Trainer's options, for --task training"),
+        (["training", "--fp16", "--bf16"], "not allowed with argument"),
+    ],
+)  # fmt: skip
+def test_fp16_where_the_trainer_would_not_run_it_is_refused_in_one_line(
+    capsys, config, tmp_path, options, said
+):
+    out = tmp_path / "m.json"
+    argv = ["measure", "--device", "cuda:0", "--output", str(out), "--hf-config", str(config)]
+    assert own_model.main([*argv, "--task", *options]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert said in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("options", "said"),
     [
@@ -152,7 +192,6 @@ def test_bf16_keeps_the_weights_in_the_runs_dtype_and_casts_as_the_gpu(capsys, c
          "--optim: a Trainer's options, for --task training, lora or qlora"),
         (["generate", "--bf16", "--gradient-accumulation-steps", "2"],
          "--gradient-accumulation-steps, --bf16: a Trainer's options"),
-        (["training", "--fp16"], "--fp16: not modelled yet"),
     ],
 )  # fmt: skip
 def test_a_recipe_the_lab_does_not_run_is_refused_in_one_line(

@@ -750,6 +750,20 @@ def enable_autocast_context(context, enabled: bool) -> None:
     context._enabled = enabled
 
 
+def patch_grad_scaler_step(torch, replacement):
+    """GradScaler.step takes the optimizer's step through `_maybe_opt_step(optimizer,
+    optimizer_state, *args, **kwargs)`, which reads the found-inf flags back to Python:
+    `replacement` (same arguments, the scaler first) runs in its place. Returns the undo."""
+    scaler = torch.amp.GradScaler
+    original = scaler._maybe_opt_step
+    scaler._maybe_opt_step = replacement
+
+    def undo() -> None:
+        scaler._maybe_opt_step = original
+
+    return undo
+
+
 def patch_checkpoint_autocast_kwargs(torch, replacement):
     """torch.utils.checkpoint reads the autocast state of the checkpointed call's device
     (`_get_autocast_kwargs(device_type)`) and restores it around the recomputation:

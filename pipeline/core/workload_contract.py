@@ -33,6 +33,11 @@ class Workload:
         gradient_accumulation_steps): each step runs step(model, inputs) and the backward of
         its loss divided by micro_batches that many times, the gradients summed, before one
         optimizer.step().
+    scaler: a torch.amp.GradScaler for a training step (float16 mixed precision): the harness
+        then runs scaler.scale(loss).backward() and scaler.step(optimizer), scaler.update()
+        in place of loss.backward() and optimizer.step(), as the Trainer (through accelerate)
+        does. A step the scaler skips (an inf or a NaN in the scaled gradients) is not the
+        step measured: `measure` stops there and says so.
     """
 
     model: Any
@@ -40,6 +45,7 @@ class Workload:
     step: Callable[[Any, Any], Any] | None = None
     optimizer: Any = None
     micro_batches: int = 1
+    scaler: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

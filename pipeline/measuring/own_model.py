@@ -120,6 +120,17 @@ class UserCodeError(Exception):
         self.phase, self.repetition, self.original = phase, repetition, original
 
 
+class SkippedStep(RuntimeError):
+    """A GradScaler skipped the optimizer's step: the run is not the step measured."""
+
+
+SKIPPED_STEP = (
+    "the GradScaler skipped the optimizer step (an inf or a NaN in the scaled gradients): "
+    "that step creates and updates no optimizer state, so it is not the step the protocol "
+    "measures; give GradScaler a lower init_scale, or check the loss"
+)
+
+
 def workload_argument(text: str) -> tuple[Path, str]:
     match = re.fullmatch(r"(.+):([A-Za-z_][A-Za-z0-9_]*)", text)
     if not match:
@@ -291,6 +302,14 @@ def check_workload(torch, workload, device, function: str) -> str:
                 "a training workload (an optimizer given) needs step(model, inputs) "
                 "returning the loss"
             )
+    if workload.scaler is not None:
+        if not isinstance(workload.scaler, torch.amp.GradScaler):
+            name = type(workload.scaler).__name__
+            raise cli.UsageError(f"Workload.scaler is a {name}, not a torch.amp.GradScaler")
+        if workload.optimizer is None:
+            raise cli.UsageError(
+                "Workload.scaler: a GradScaler goes with a training workload (an optimizer given)"
+            )
     micro = workload.micro_batches
     if not (type(micro) is int and 1 <= micro <= MAX_MICRO_BATCHES):
         raise cli.UsageError(
@@ -385,7 +404,24 @@ def step_plan(torch, workload: Workload, inputs, kind: str, warmup: int, repeats
     returns its last step's result, so that it is alive for the end values; an earlier
     step's result is freed before the next step starts."""
     model, step, optimizer = workload.model, workload.step, workload.optimizer
-    micro = workload.micro_batches
+    micro, scaler = workload.micro_batches, workload.scaler
+
+    def backward(loss):
+        (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def optimizer_step():
+        if scaler is None:
+            optimizer.step()
+            return
+        taken = []  # PyTorch's step post-hook, on this optimizer: the steps it took
+        handle = optimizer.register_step_post_hook(lambda *_: taken.append(None))
+        try:
+            scaler.step(optimizer)
+        finally:
+            handle.remove()
+        scaler.update()
+        if not taken:
+            raise SkippedStep(SKIPPED_STEP)
 
     def steps(count: int, first: bool = False):
         def run():
@@ -406,16 +442,16 @@ def step_plan(torch, workload: Workload, inputs, kind: str, warmup: int, repeats
                         check_loss(torch, result)
                         # as the Trainer does where the model does not scale its loss for
                         # accumulation itself: the mean over the micro-batches
-                        (result / micro if micro > 1 else result).backward()
+                        backward(result / micro if micro > 1 else result)
                     if not first:
-                        optimizer.step()
+                        optimizer_step()
                 check_result(torch, result)
             return result
 
         return run
 
     def first_optimizer_step():
-        optimizer.step()
+        optimizer_step()
 
     plan = [("cold_step", None, 1, steps(1, first=True))]
     if kind == TRAINING:
@@ -449,6 +485,7 @@ def drive(torch, phase, function, name, config, dims, warmup, repeats, rows, fac
     facts["kind"] = kind
     facts["optimizer"] = type(workload.optimizer).__name__ if workload.optimizer else None
     facts["micro_batches"] = workload.micro_batches
+    facts["grad_scaler"] = workload.scaler is not None
     facts["parameters"] = counted(workload.model.parameters())
     facts["buffers"] = counted(workload.model.buffers())
     row, inputs = phase("inputs", user(workload.make_inputs, "inputs"))
@@ -554,6 +591,7 @@ def workload_record(setting: Setting, facts: dict, rows: list[dict]) -> dict:
         "kind": kind,
         "optimizer": facts.get("optimizer"),
         "micro_batches": facts.get("micro_batches", 1),
+        **({"grad_scaler": True} if facts.get("grad_scaler") else {}),
         **({"recipe": setting.file.recipe} if setting.file.recipe else {}),
         "parameters": facts.get("parameters"),
         "buffers": facts.get("buffers"),
@@ -732,11 +770,6 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
     steps = 1 + args.warmup + args.repeats
     budget = getattr(args, "layer_pass_budget", None) or hf_model.hf_config.LAYER_PASS_BUDGET
     given_hf = given + [(name, value) for name, value in options.items() if value is not None]
-    if getattr(args, "fp16", False):
-        raise cli.UsageError(
-            "--fp16: not modelled yet: the Trainer's float16 recipe scales the loss with a "
-            "GradScaler, whose skipped steps depend on the gradients' values; --bf16 is"
-        )
     four_bit = hf_model.four_bit_recipe(
         task,
         getattr(args, "load_in_4bit", False),
@@ -748,13 +781,21 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
         optim=getattr(args, "optim", None),
         gradient_accumulation_steps=getattr(args, "gradient_accumulation_steps", 1),
         bf16=getattr(args, "bf16", False),
+        fp16=getattr(args, "fp16", False),
         **four_bit,
     )
     file, named = hf_model.workload_file(
         path, task, args.gradient_checkpointing, args.batch, given_hf, steps, budget, recipe
     )
     given += [(name, value) for name, value in options.items() if value is not None]
-    return file, given, args.dtype or named or DEFAULTS["dtype"]
+    dtype = args.dtype or named or DEFAULTS["dtype"]
+    if recipe.fp16 and dtype == "float16":
+        said = "--dtype float16" if args.dtype else f"{path.name}'s dtype float16"
+        raise cli.UsageError(
+            f"--fp16 with {said}: GradScaler refuses to unscale float16 gradients (the "
+            "Trainer's fp16=True trains float32 weights): give --dtype float32 or bfloat16"
+        )
+    return file, given, dtype
 
 
 def recipe_flags(args) -> list[str]:
@@ -1108,7 +1149,9 @@ def add_hf_options(parser) -> None:
     precision.add_argument(
         "--fp16",
         action="store_true",
-        help="not modelled yet: refused (float16 autocast with a gradient scaler)",
+        help="mixed precision: the forward under CUDA autocast to float16 and the loss scaled "
+        "by a CUDA GradScaler, the weights, gradients and optimizer state in --dtype (the "
+        "Trainer's fp16=True on a float32 model)",
     )
 
 

@@ -61,8 +61,8 @@ as PyTorch runs it.
 
 Not followed, and noted: `_cudnn_rnn`'s autocast kernel (aten/src/ATen/cudnn/AutocastRNN.cpp
 casts a recurrent layer's weights and flattens them again) is compiled in CUDA builds only,
-so a CPU build cannot be asked; GradScaler disables itself without a GPU, so its scale, the
-scaled loss and the unscaling are not traced; an operator whose decision could not be read.
+so a CPU build cannot be asked; an operator whose decision could not be read. GradScaler,
+which goes with float16 autocast, is grad_scaler.py's.
 
 Standard library only (torch is passed in).
 """
@@ -93,11 +93,6 @@ RECURRENT = "recurrent layers under CUDA autocast"
 RECURRENT_WHY = (
     "a CUDA build casts cuDNN's recurrent weights and flattens them again under autocast "
     "(AutocastRNN.cpp), which a CPU build of PyTorch cannot be asked about: traced uncast"
-)
-GRAD_SCALER = "GradScaler (CUDA)"
-GRAD_SCALER_WHY = (
-    "without a GPU GradScaler disables itself: its scale, the scaled loss and the unscaling "
-    "of the gradients are not traced"
 )
 OUR_KEY = "AutocastPrivateUse1"  # the trace's autocast: no device of this build uses it
 PROBE_KEY = "AutocastHPU"  # below AutocastCUDA: sees what its wrapper calls; no kernels here
@@ -566,8 +561,6 @@ def install(torch, notes: dict):
     original_exit = autocast.__exit__
     original_clear = torch.clear_autocast_cache
     original_available = torch.amp.is_autocast_available
-    scaler = torch.amp.GradScaler
-    original_scaler_init = scaler.__init__
 
     def init(context, device_type, dtype=None, enabled=True, cache_enabled=None):
         if device_type == "meta":  # the GPU's stand-in: x.device.type names it
@@ -615,23 +608,15 @@ def install(torch, notes: dict):
     def checkpoint_kwargs(original, device_type):
         return original("cuda" if device_type == "meta" else device_type)
 
-    def scaler_init(self, device="cuda", *args, **kwargs):
-        original_scaler_init(self, device, *args, **kwargs)
-        asked = kwargs.get("enabled", args[4] if len(args) > 4 else True)
-        if device == "cuda" and asked and not self.is_enabled():
-            notes.setdefault(GRAD_SCALER, GRAD_SCALER_WHY)
-
     autocast.__init__ = init
     autocast.__enter__ = enter
     autocast.__exit__ = exit_
     torch.clear_autocast_cache = clear_autocast_cache
     torch.amp.is_autocast_available = is_autocast_available
-    scaler.__init__ = scaler_init
     undo_checkpoint = torch_private.patch_checkpoint_autocast_kwargs(torch, checkpoint_kwargs)
 
     def undo() -> None:
         undo_checkpoint()
-        scaler.__init__ = original_scaler_init
         torch.amp.is_autocast_available = original_available
         torch.clear_autocast_cache = original_clear
         autocast.__exit__ = original_exit

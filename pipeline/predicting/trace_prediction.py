@@ -55,9 +55,11 @@ from pipeline.predicting import (
     fused_cells,
     fused_dropout,
     fused_optimizers,
+    grad_scaler,
     kernel_formulas,
     loss_outputs,
     module_conversion,
+    nll_loss,
     packed_positions,
     packed_sequences,
     quantized_load,
@@ -195,8 +197,14 @@ def output_only(signature) -> bool:
     """Known to allocate its outputs and nothing else, on any NVIDIA GPU, by PyTorch's source."""
     if signature.name in BY_SOURCE:  # outputs only, or a block more (by_source_template)
         return BY_SOURCE[signature.name](signature.leaves)
+    if signature.name in nll_loss.OPERATORS:
+        return nll_loss.outputs_only(signature.name, signature.leaves)
     name = packet(signature.name)
-    return name in OUTPUT_ONLY or reduction_without_scratch(signature)
+    return (
+        name in OUTPUT_ONLY
+        or name in grad_scaler.ALLOCATE_NOTHING
+        or reduction_without_scratch(signature)
+    )
 
 
 NOT_PROBED_PREFIX = "aten._foreach_"
@@ -568,6 +576,9 @@ class Tracer:
                     self._undo.append(bnb_optimizers.install(self.torch, self.trace.notes))
                     if self.target is not None:
                         self._undo.append(fused_dropout.install(self.torch))
+                self._undo.append(
+                    grad_scaler.install(self.torch, self.trace.notes, self.trace.device == "meta")
+                )
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
                 self._undo.append(fused_cells.add_fake_kernels(self.torch))
                 self._undo.append(module_conversion.install(self.torch, self))

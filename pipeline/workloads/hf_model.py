@@ -30,7 +30,8 @@ or lora task takes what a Trainer run adds, in TrainingArguments' words (Recipe)
 NAME` (the optimizer the Trainer makes for that name, with its parameter groups),
 `--gradient-accumulation-steps N` (N micro-batches a step), `--bf16` (the forward under CUDA
 autocast to bfloat16, as accelerate runs it for TrainingArguments(bf16=True); the weights stay
-in the run's dtype).
+in the run's dtype), `--fp16` (the same to float16, the loss scaled by a CUDA GradScaler, as
+accelerate makes it for TrainingArguments(fp16=True)).
 
 transformers (and peft for lora) are imported only here, when a config is given.
 """
@@ -96,6 +97,7 @@ class Recipe:
     optim: str | None = None
     gradient_accumulation_steps: int = 1
     bf16: bool = False
+    fp16: bool = False
     load_in_4bit: bool = False
     bnb_4bit_quant_type: str = FOUR_BIT_DEFAULTS["quant_type"]
     bnb_4bit_use_double_quant: bool = FOUR_BIT_DEFAULTS["use_double_quant"]
@@ -142,7 +144,7 @@ def check_recipe(recipe: Recipe, task: str) -> None:
     trainer = {
         name: value
         for name, value in recipe.given().items()
-        if name in ("optim", "gradient_accumulation_steps", "bf16")
+        if name in ("optim", "gradient_accumulation_steps", "bf16", "fp16")
     }
     if trainer and task not in TRAINED:
         options = ", ".join("--" + name.replace("_", "-") for name in trainer)
@@ -161,9 +163,10 @@ def check_recipe(recipe: Recipe, task: str) -> None:
             )
     if recipe.optim is not None:
         trainer_optimizer_class(recipe.optim)
-    if recipe.bf16 and importlib.util.find_spec("accelerate") is None:
+    mixed = "--bf16" if recipe.bf16 else "--fp16" if recipe.fp16 else None
+    if mixed and importlib.util.find_spec("accelerate") is None:
         raise cli.UsageError(
-            "--bf16 runs the forward as accelerate does for the Trainer, not installed here: "
+            f"{mixed} runs the forward as accelerate does for the Trainer, not installed here: "
             "pip install 'accelerate==1.16.0' (pyproject.toml's `hf` group)"
         )
 
@@ -544,11 +547,17 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
     else:
         optimizer = trainer_optimizer(model, recipe.optim)
         refuse_paged_state(optimizer, recipe.optim)
+    scaler = None
     if recipe.bf16:
         autocast_forward(torch, model, torch.bfloat16)
+    if recipe.fp16:
+        autocast_forward(torch, model, torch.float16)
+        # accelerate's get_grad_scaler on a CUDA machine: torch.amp.GradScaler("cuda"), at
+        # its defaults (a scale of 2**16); the harness scales, steps and updates through it
+        scaler = torch.amp.GradScaler("cuda")
     return Workload(model, make_inputs, step=lambda model, inputs: model(**inputs).loss,
-                    optimizer=optimizer,
-                    micro_batches=recipe.gradient_accumulation_steps)  # fmt: skip
+                    optimizer=optimizer, micro_batches=recipe.gradient_accumulation_steps,
+                    scaler=scaler)  # fmt: skip
 
 
 def load_quantized(torch, transformers, model_class, settings, config, recipe: Recipe):
