@@ -685,3 +685,20 @@ def test_a_recipe_option_without_a_config_is_refused_in_one_line(capsys, tmp_pat
     assert code == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"own_model.py: error: {option[0]}: goes with --hf-config"), line
+
+
+def test_bitsandbytes_cpu_kernel_notice_is_dropped_and_other_warnings_kept(caplog):
+    """bitsandbytes' notice of a CPU kernel the lab never runs is not shown; its other
+    warnings are."""
+    import logging
+
+    hf_model.require("inference")
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        logger.warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make "
+            "sure you already `pip install kernels`",
+            "No module named 'kernels'",
+        )
+        logger.warning("another warning")
+    assert [record.getMessage() for record in caplog.records] == ["another warning"]

@@ -86,6 +86,21 @@ def test_a_qlora_model_holds_what_the_same_load_holds_for_real(capsys, config):
     assert end_of(document, "model_load") == held_blocks(real)
 
 
+def test_a_qlora_estimate_says_nothing_about_the_libraries_own_calls(config):
+    """What the libraries say of their own calls (peft's checkpointing without
+    use_reentrant, bitsandbytes' CPU kernel) is not the user's to act on: a QLoRA estimate's
+    stderr holds neither."""
+    from conftest import run_script
+
+    result = run_script(
+        "own_model.py", "estimate", "--hf-config", str(config), "--task", "qlora",
+        "--dtype", "bfloat16", "--batch", "2", "--dim", "sequence=16", "--gpu", "h200",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "use_reentrant" not in result.stderr
+    assert "kernels-community" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("options", "recipe"),
     [

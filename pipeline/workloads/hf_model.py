@@ -44,6 +44,7 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import logging
 import warnings
 from pathlib import Path
 
@@ -267,8 +268,19 @@ def read_config(path: Path) -> dict:
     return config
 
 
+class CpuKernelNotice(logging.Filter):
+    """bitsandbytes, imported on a CPU with AVX512-BF16, looks for a CPU 4-bit kernel of
+    the `kernels` package and logs a warning where it is absent
+    (bitsandbytes/backends/cpu/ops.py): a kernel the lab never runs (it traces and measures
+    CUDA's), said on every run that imports bitsandbytes. That one message is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "gemm_4bit_forward from kernels-community" not in record.getMessage()
+
+
 def require(task: str) -> None:
     """transformers (and peft for lora) importable, else one line."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(CpuKernelNotice())
     needed = ["transformers"] + (["peft"] if task in ADAPTED else [])
     if any(importlib.util.find_spec(name) is None for name in needed):
         peft = task in ADAPTED
@@ -527,6 +539,13 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
         import peft
 
         if task == "qlora":
+            # peft turns checkpointing on without use_reentrant, which torch.utils.checkpoint
+            # then takes as True (reentrant), warning at the first checkpointed call that
+            # the argument should be given: about peft's call, not the run's; the run is
+            # traced and measured as it is
+            warnings.filterwarnings(
+                "ignore", "torch.utils.checkpoint: the use_reentrant parameter", UserWarning
+            )
             with warnings.catch_warnings():
                 # it enables checkpointing through transformers' deprecated alias
                 warnings.filterwarnings("ignore", "`gradient_checkpointing_enable`", FutureWarning)
