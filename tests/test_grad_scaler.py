@@ -174,3 +174,31 @@ def test_estimate_traces_a_users_scaled_step(capsys, tmp_path):
     # AdamW's two float32 moments of the weight and of the bias, one block each
     grown = optimizer_state["allocated_bytes"] - optimizer_state["baseline_allocated_bytes"]
     assert grown == 2 * (own_model.allocator_model.block_bytes(16 * 64 * 4) + 512)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optim", ["adamw_torch", "adamw_torch_fused"])
+def test_fp16_is_measured_on_a_gpu_and_its_prediction_holds(tmp_path, optim):
+    """The Trainer's fp16 on a GPU: the scaler's step taken (a skipped one would stop the
+    run), the prediction beside the GPU held to the measurement and the allocator's
+    history. The fused AdamW unscales inside its kernel (no flag read), the foreach one
+    after the scaler's unscale_."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from conftest import run_script
+    from test_gpu_own_model import honest
+    from test_hf_model import reduced, written
+
+    config = written(tmp_path, reduced("llama-3.2-1b"))
+    output = tmp_path / "m.json"
+    result = run_script(
+        "own_model.py", "measure", "--hf-config", str(config), "--device", "cuda:0",
+        "--task", "training", "--dtype", "float32", "--fp16", "--optim", optim,
+        "--batch", "2", "--dim", "sequence=64", "--output", str(output),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(output.read_text())
+    assert validate.validate_document(document, REGISTRY) == []
+    assert document["status"] == "completed"
+    assert document["workload"]["grad_scaler"] is True
+    honest(document)

@@ -23,7 +23,7 @@ file, one path for both. Tasks:
   then the lora task's adapters and AdamW.
 `--load-in-4bit` (with BitsAndBytesConfig's --bnb-4bit-quant-type, --bnb-4bit-use-double-quant,
 --bnb-4bit-compute-dtype) loads the model as from_pretrained does with that config, from a
-checkpoint of empty weights in the run's dtype: each weight moved to the device, then
+checkpoint of zero weights in the run's dtype: each weight moved to the device, then
 quantised by bitsandbytes (`load_quantized`).
 `--gradient-checkpointing` turns on the model's own (non-reentrant) checkpointing. A training
 or lora task takes what a Trainer run adds, in TrainingArguments' words (Recipe): `--optim
@@ -581,7 +581,7 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
 
 def load_quantized(torch, transformers, model_class, settings, config, recipe: Recipe):
     """The model as from_pretrained loads it with the recipe's BitsAndBytesConfig onto the
-    run's device, from a checkpoint of the model's own tensors, empty (their values change
+    run's device, from a checkpoint of the model's own tensors, zeros (their values change
     no block), in the run's dtype and on the host as a loaded file's are: each weight is
     moved to the device and, where bitsandbytes replaced its Linear, quantised there. Tied
     weights are stored once, as save_pretrained stores them."""
@@ -590,8 +590,11 @@ def load_quantized(torch, transformers, model_class, settings, config, recipe: R
             stack.enter_context(context)
         skeleton = model_class(settings)
     tied = set(getattr(skeleton, "all_tied_weights_keys", None) or ())
+    # zeros, not torch.empty: memory left uninitialised can hold NaNs, which change no block
+    # but make a float16 GradScaler skip the step (seen on a GPU: a QLoRA --fp16 run); a zero
+    # model's loss and gradients are finite
     checkpoint = {
-        name: torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+        name: torch.zeros(tensor.shape, dtype=tensor.dtype, device="cpu")
         for name, tensor in skeleton.state_dict(keep_vars=True).items()
         if name not in tied
     }
