@@ -44,9 +44,9 @@ ALLOCATE_NOTHING = frozenset(
 )
 NOTE = "GradScaler (CUDA)"
 # Whether a GPU's measurements of steps with a CUDA GradScaler have been held against
-# predictions traced this way. While False, a trace that built one says so in a note, which
-# withholds "exact" and the bounds.
-CHECKED_ON_A_GPU = False
+# predictions traced this way (they have: the evidence page says where). While False, a
+# trace that built one says so in a note, which withholds "exact" and the bounds.
+CHECKED_ON_A_GPU = True
 UNCHECKED_WHY = (
     "its scale, the scaled loss and the unscaling of the gradients are traced as PyTorch's "
     "source makes them and have not yet been held against a GPU's measurement: the central "
