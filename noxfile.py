@@ -360,6 +360,29 @@ def predict(session: nox.Session) -> None:
     )  # fmt: skip
 
 
+@nox.session
+def plan(session: nox.Session) -> None:
+    """Each GPU's largest batch, and its price, no GPU: `-- --search batch --days 7 -- ...`.
+
+    `-- --search batch|new_tokens|DIM --days 7 -- --hf-config config.json --task training`:
+    plan.py, in the venv of `predict` (the CPU torch, then the `predict` extra's pins), with
+    matplotlib for --picture."""
+    usage = (
+        "--search batch|new_tokens|DIM --days 3|7|30 [--picture plan.png] -- --hf-config "
+        "config.json|--workload FILE.py:FUNCTION [estimate's options]"
+    )
+
+    def install(session: nox.Session) -> None:
+        install_cpu_torch(session)
+        install_once(session, "predict")
+        install_once(session, "report")
+
+    run_stage(
+        session, "pipeline.stages.plan", usage=usage, needs="--search", install=install,
+        runs_dir=True,
+    )  # fmt: skip
+
+
 @nox.session(venv_backend="none")
 def estimate(session: nox.Session) -> None:
     """The kit's weights-only calculator (no model): `-- --parameters N --bits B`.

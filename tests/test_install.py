@@ -81,8 +81,8 @@ def test_the_console_command_lists_what_a_user_does(installed):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     listed = [line.split()[0] for line in lines if line.startswith("    ") and line[4] != " "]
-    assert listed == ["predict", "measure", "fit", "cost", "sweep", "report", "validate",
-                      "verify"]  # fmt: skip
+    assert listed == ["predict", "measure", "plan", "fit", "cost", "sweep", "report",
+                      "validate", "verify"]  # fmt: skip
     unknown = run(installed, "frobnicate")
     assert (unknown.returncode, unknown.stdout) == (2, "")
     assert unknown.stderr.startswith("iteragpu: error: argument SUBCOMMAND: invalid choice: ")
@@ -107,6 +107,11 @@ def test_the_installed_command_predicts_without_a_gpu_with_its_own_calibration(i
     assert checked.returncode == 0, checked.stdout + checked.stderr
     fitted = run(installed, "fit", "predicted.json", "--days", "7")
     assert fitted.returncode == 0, fitted.stdout + fitted.stderr
+    # the installed tariffs go before `--`: what follows is the estimate's own
+    planned = run(installed, "plan", "--search", "batch", "--up-to", "4", "--days", "7", "--",
+                  "--workload", "model.py:linear", "--gpu", "h200")  # fmt: skip
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "stopped: --up-to 4 reached" in planned.stdout
 
 
 def test_the_installed_command_prices_a_package_from_its_own_tariffs(installed):

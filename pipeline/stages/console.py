@@ -3,6 +3,8 @@
     iteragpu predict --hf-config config.json --task training --dtype bfloat16 --batch 4 \\
         --dim sequence=2048 --gpu h200 --json > predicted.json      # no GPU needed
     iteragpu fit predicted.json --days 7                            # which package holds it
+    iteragpu plan --search batch --days 7 -- --hf-config config.json --task training  # the
+                                                        # largest batch each GPU holds
     iteragpu measure --device cuda:0 --hf-config config.json ...    # on the GPU
 
 Each subcommand is a stage's own command line (`iteragpu SUBCOMMAND --help`), with its exit
@@ -30,6 +32,11 @@ COMMANDS = {
         [],
         "measure on a GPU into a new runs/<id>/ folder",
     ),
+    "plan": (
+        "pipeline.stages.plan",
+        [],
+        "the largest batch (or length) each rental GPU holds, no GPU needed",
+    ),
     "fit": (
         "pipeline.stages.fit",
         [],
@@ -43,7 +50,7 @@ COMMANDS = {
 }
 # The stages that read the tariffs: an installed package passes its own copy on, since the
 # default (beside calcul_forfaits.py, or ../data/) is where a clone keeps it.
-TARIFFED = {"cost", "fit", "report"}
+TARIFFED = {"cost", "fit", "plan", "report"}
 
 
 def parser() -> cli.Parser:
@@ -69,7 +76,8 @@ def dispatch(argv: list[str] | None) -> int:
     given = argv[1:]
     chosen = any(arg.split("=")[0] == "--tariffs" for arg in given)
     if args.command in TARIFFED and places.installed() and not chosen:
-        given += ["--tariffs", str(places.folder("data") / "tarifs-forfaits.csv")]
+        # first: a stage that hands what follows `--` to another (plan) takes it as its own
+        given = ["--tariffs", str(places.folder("data") / "tarifs-forfaits.csv"), *given]
     return importlib.import_module(module).main([*leading, *given])
 
 
