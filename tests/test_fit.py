@@ -574,3 +574,22 @@ def test_a_bounded_prediction_is_sized_by_its_upper_bound_and_shows_its_own_figu
     assert (
         f"  if the prediction itself holds (43.41 GiB, not a bound): {point['gpu']} (1 GPU)" in out
     )
+
+
+def test_the_margin_and_the_fit_hold_at_their_boundaries_to_the_byte():
+    """Headroom equal to the margin is not marginal, a byte less is; a peak equal to the
+    usable memory fits, a byte more does not."""
+    usable = next(r for r in answer_text(1)[0]["rows"] if r["gpu"] == "h200")[
+        "usable_memory_bytes"
+    ]
+    peak = usable * 20 // 21  # where the headroom is about 5% of the peak: over 1 GiB
+    while usable - peak > fit.margin_bytes(peak):
+        peak += 1
+    while usable - peak < fit.margin_bytes(peak):
+        peak -= 1
+    assert usable - peak == fit.margin_bytes(peak)
+    row = lambda p: next(r for r in answer_text(p)[0]["rows"] if r["gpu"] == "h200")  # noqa: E731
+    assert not row(peak)["marginal"]
+    assert row(peak + 1)["marginal"]
+    assert (row(usable)["fits"], row(usable)["marginal"]) == (True, True)
+    assert not row(usable + 1)["fits"]
