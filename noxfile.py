@@ -338,6 +338,14 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+def install_predict(session: nox.Session, *more: str) -> None:
+    """The CPU torch (as the tests session installs it, never a CUDA build), then the
+    `predict` extra's pins, then the other groups named."""
+    install_cpu_torch(session)
+    for group in ("predict", *more):
+        install_once(session, group)
+
+
 @nox.session
 def predict(session: nox.Session) -> None:
     """Predict a model's GPU memory, no GPU: `-- --hf-config config.json --task training`.
@@ -349,14 +357,9 @@ def predict(session: nox.Session) -> None:
         "--hf-config config.json|--workload FILE.py:FUNCTION [--task training|lora|inference"
         "|generate] [--dtype bfloat16 --batch 4 --dim sequence=2048 --gpu h200 --json]"
     )
-
-    def install(session: nox.Session) -> None:
-        install_cpu_torch(session)
-        install_once(session, "predict")
-
     run_stage(
         session, "pipeline.measuring.own_model", "estimate", usage=usage,
-        needs=("--hf-config", "--workload"), install=install,
+        needs=("--hf-config", "--workload"), install=install_predict,
     )  # fmt: skip
 
 
@@ -371,15 +374,9 @@ def plan(session: nox.Session) -> None:
         "--search batch|new_tokens|DIM --days 3|7|30 [--picture plan.png] -- --hf-config "
         "config.json|--workload FILE.py:FUNCTION [estimate's options]"
     )
-
-    def install(session: nox.Session) -> None:
-        install_cpu_torch(session)
-        install_once(session, "predict")
-        install_once(session, "report")
-
     run_stage(
-        session, "pipeline.stages.plan", usage=usage, needs="--search", install=install,
-        runs_dir=True,
+        session, "pipeline.stages.plan", usage=usage, needs="--search",
+        install=lambda session: install_predict(session, "report"), runs_dir=True,
     )  # fmt: skip
 
 

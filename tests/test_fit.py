@@ -579,9 +579,7 @@ def test_a_bounded_prediction_is_sized_by_its_upper_bound_and_shows_its_own_figu
 def test_the_margin_and_the_fit_hold_at_their_boundaries_to_the_byte():
     """Headroom equal to the margin is not marginal, a byte less is; a peak equal to the
     usable memory fits, a byte more does not."""
-    usable = next(r for r in answer_text(1)[0]["rows"] if r["gpu"] == "h200")[
-        "usable_memory_bytes"
-    ]
+    usable = next(r for r in answer_text(1)[0]["rows"] if r["gpu"] == "h200")["usable_memory_bytes"]
     peak = usable * 20 // 21  # where the headroom is about 5% of the peak: over 1 GiB
     while usable - peak > fit.margin_bytes(peak):
         peak += 1

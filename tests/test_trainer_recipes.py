@@ -163,27 +163,6 @@ def test_fp16_scales_the_loss_and_holds_the_scalers_two_values(capsys, config):
 @pytest.mark.parametrize(
     ("options", "said"),
     [
-        (["training", "--fp16", "--dtype", "float16"],
-         "--fp16 with --dtype float16: GradScaler refuses to unscale float16 gradients"),
-        (["generate", "--fp16"], "--fp16: a Trainer's options, for --task training"),
-        (["training", "--fp16", "--bf16"], "not allowed with argument"),
-    ],
-)  # fmt: skip
-def test_fp16_where_the_trainer_would_not_run_it_is_refused_in_one_line(
-    capsys, config, tmp_path, options, said
-):
-    out = tmp_path / "m.json"
-    argv = ["measure", "--device", "cuda:0", "--output", str(out), "--hf-config", str(config)]
-    assert own_model.main([*argv, "--task", *options]) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1, err
-    assert said in err
-    assert not out.exists()
-
-
-@pytest.mark.parametrize(
-    ("options", "said"),
-    [
         (["training", "--optim", "adamw_nonsense"],
          "--optim adamw_nonsense: not one of TrainingArguments' optim names"),
         (["training", "--optim", "paged_adamw_32bit"], f"--optim paged_adamw_32bit: {PAGED}"),
@@ -192,6 +171,10 @@ def test_fp16_where_the_trainer_would_not_run_it_is_refused_in_one_line(
          "--optim: a Trainer's options, for --task training, lora or qlora"),
         (["generate", "--bf16", "--gradient-accumulation-steps", "2"],
          "--gradient-accumulation-steps, --bf16: a Trainer's options"),
+        (["training", "--fp16", "--dtype", "float16"],
+         "--fp16 with --dtype float16: GradScaler refuses to unscale float16 gradients"),
+        (["generate", "--fp16"], "--fp16: a Trainer's options, for --task training"),
+        (["training", "--fp16", "--bf16"], "not allowed with argument"),
     ],
 )  # fmt: skip
 def test_a_recipe_the_lab_does_not_run_is_refused_in_one_line(

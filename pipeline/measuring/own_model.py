@@ -293,23 +293,23 @@ def check_workload(torch, workload, device, function: str) -> str:
         raise cli.UsageError("Workload.make_inputs is not callable")
     if workload.step is not None and not callable(workload.step):
         raise cli.UsageError("Workload.step is not callable")
-    if workload.optimizer is not None:
-        if not isinstance(workload.optimizer, torch.optim.Optimizer):
-            name = type(workload.optimizer).__name__
-            raise cli.UsageError(f"Workload.optimizer is a {name}, not a torch.optim.Optimizer")
-        if workload.step is None:
-            raise cli.UsageError(
-                "a training workload (an optimizer given) needs step(model, inputs) "
-                "returning the loss"
-            )
-    if workload.scaler is not None:
-        if not isinstance(workload.scaler, torch.amp.GradScaler):
-            name = type(workload.scaler).__name__
-            raise cli.UsageError(f"Workload.scaler is a {name}, not a torch.amp.GradScaler")
-        if workload.optimizer is None:
-            raise cli.UsageError(
-                "Workload.scaler: a GradScaler goes with a training workload (an optimizer given)"
-            )
+    typed = (
+        ("optimizer", torch.optim.Optimizer, "torch.optim.Optimizer"),
+        ("scaler", torch.amp.GradScaler, "torch.amp.GradScaler"),
+    )
+    for field, kind, wanted in typed:
+        given = getattr(workload, field)
+        if given is not None and not isinstance(given, kind):
+            name = type(given).__name__
+            raise cli.UsageError(f"Workload.{field} is a {name}, not a {wanted}")
+    if workload.optimizer is not None and workload.step is None:
+        raise cli.UsageError(
+            "a training workload (an optimizer given) needs step(model, inputs) returning the loss"
+        )
+    if workload.scaler is not None and workload.optimizer is None:
+        raise cli.UsageError(
+            "Workload.scaler: a GradScaler goes with a training workload (an optimizer given)"
+        )
     micro = workload.micro_batches
     if not (type(micro) is int and 1 <= micro <= MAX_MICRO_BATCHES):
         raise cli.UsageError(
