@@ -80,7 +80,8 @@ def test_a_figure_larger_at_a_smaller_value_is_said_and_stops_the_answer(capsys,
     result = planned(capsys, tmp_path, "--search", "width", "--up-to", "16", "--", "--workload",
                      spec)  # fmt: skip
     assert not result["monotone"]
-    assert result["defects"][0].startswith("need at 1 (")
+    assert result["not_monotone_as_predicted"][0].startswith("the predicted peak at 1 (")
+    assert result["defects"] == []  # the bound follows the peak
     rows = {row["gpu"]: row for row in result["rows"]}
     # 16 GiB at width 4 fits an L4, but 64 GiB at width 1 does not: no answer below it
     assert rows["l4"]["largest"] is None

@@ -15,10 +15,11 @@ vendor figure. The answer is given twice: by that need, and by the central figur
 
 The search doubles the value from --start until the need passes the largest GPU's memory,
 --up-to, or a value the estimate refuses (the model's positions, the trace's budget), then
-narrows each GPU's boundary between the values tried, by interpolation, then by halves. The
-peak grows with the value; where a need tried is larger than one tried at a larger value,
-the search says so (a prediction that is not monotone is a defect to fix), and each GPU's
-answer is the largest value below which every value tried fits. A value's status (exact or
+narrows each GPU's boundary between the values tried, by interpolation, then by halves.
+Where a figure is larger than at a larger value tried, the search says so: a predicted peak
+can fall (the caching allocator reuses its segments otherwise at another size), an upper
+bound that falls where the peak does not is a defect of the prediction. Each GPU's answer is
+the largest value below which every value tried fits. A value's status (exact or
 approximate) is said beside it. Writes nothing but --picture (never over a file).
 Exit 0 answered, 2 bad input (or no value could be predicted).
 """
@@ -171,25 +172,27 @@ class Search:
 
 
 def defects(points: list[Point]) -> tuple[list[str], list[str]]:
-    """Where a figure is larger than one tried at a larger value: (defects, the GPU's own).
-    Two exact predictions say what the GPU does (its libraries take another kernel at
-    another size); where either is approximate, a bound or a guess is wider at the smaller
-    size, a defect of the prediction."""
-    found, own = [], []
+    """Where a figure is larger than at the next larger value tried: (defects, predicted).
+    A predicted peak that falls is the caching allocator's own doing as the replay models
+    it (its segments split and reused otherwise at another size; the libraries' kernels
+    chosen otherwise): what the GPU is predicted to do. An upper bound that falls where the
+    predicted peak does not is a bound wider at the smaller value: a defect of the
+    prediction."""
+    found, predicted = [], []
     tried = [p for p in points if p.need_bytes is not None]
-    for key, what in (("need_bytes", "need"), ("peak_reserved_bytes", "central figure")):
-        for smaller, larger in itertools.pairwise(tried):
-            if getattr(smaller, key) > getattr(larger, key):
-                said = (
-                    f"{what} at {smaller.value} ({getattr(smaller, key):,} B) is larger than at "
-                    f"{larger.value} ({getattr(larger, key):,} B)"
-                )
-                exact = smaller.status == larger.status == "exact"
-                if exact and key == "need_bytes":
-                    own.append(said.replace("need", "the exact peak", 1))
-                elif not exact:
-                    found.append(said)
-    return found, own
+    for smaller, larger in itertools.pairwise(tried):
+        if smaller.peak_reserved_bytes > larger.peak_reserved_bytes:
+            predicted.append(
+                f"the predicted peak at {smaller.value} ({smaller.peak_reserved_bytes:,} B, "
+                f"{smaller.status}) is larger than at {larger.value} "
+                f"({larger.peak_reserved_bytes:,} B, {larger.status})"
+            )
+        elif smaller.need_bytes > larger.need_bytes:
+            found.append(
+                f"the upper bound at {smaller.value} ({smaller.need_bytes:,} B) is larger than "
+                f"at {larger.value} ({larger.need_bytes:,} B), the predicted peak is not"
+            )
+    return found, predicted
 
 
 def largest_fitting(points: list[Point], usable: int, key: str) -> int | None:
@@ -264,9 +267,9 @@ def answer(args, found: dict, memory: dict, catalogue: dict) -> dict:
         "rule": "a GPU holds a value when the peak reserved fit sizes by (an approximate "
         "prediction's upper bound) plus the CUDA context fits its memory; the largest value "
         "is the largest tried below which every value tried fits",
-        "monotone": not found["defects"] and not found["not_monotone_on_the_gpu"],
+        "monotone": not found["defects"] and not found["not_monotone_as_predicted"],
         "defects": found["defects"],
-        "not_monotone_on_the_gpu": found["not_monotone_on_the_gpu"],
+        "not_monotone_as_predicted": found["not_monotone_as_predicted"],
         "stopped": found["stopped"],
         "points": [asdict(p) for p in found["points"]],
         "seconds": round(sum(p.seconds for p in found["points"]), 1),
@@ -294,9 +297,8 @@ def render(result: dict) -> str:
             f"{fit.calcul_forfaits.dollars(row['total_cents']):>12}"
         )
     lines.append(f"stopped: {result['stopped']}")
-    if result["defects"]:
-        lines += [f"NOT MONOTONE, a defect of the prediction: {d}" for d in result["defects"]]
-    lines += [f"not monotone on the GPU: {said}" for said in result["not_monotone_on_the_gpu"]]
+    lines += [f"NOT MONOTONE, a defect of the bound: {said}" for said in result["defects"]]
+    lines += [f"not monotone: {said}" for said in result["not_monotone_as_predicted"]]
     if not result["monotone"]:
         lines.append("each GPU's answer stops below the first value that does not fit")
     return "\n".join(lines)
@@ -388,7 +390,7 @@ def plan_command(argv: list[str] | None) -> int:
     if progress is not None:
         progress(None)
     found["rest"] = rest
-    found["defects"], found["not_monotone_on_the_gpu"] = defects(found["predicted"])
+    found["defects"], found["not_monotone_as_predicted"] = defects(found["predicted"])
     result = answer(args, found, memory, catalogue)
     if args.picture is not None:
         draw(result, args.picture)
