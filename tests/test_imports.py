@@ -143,7 +143,7 @@ def test_validate_reads_the_stages_facts_from_below_them():
         core("allocator_model"),
         core("phase_protocol"),
         core("run_status"),
-        "pipeline.predicting.trace_prediction",
+        core("prediction_status"),
     }
     assert PACKAGE[core("workload_contract")] == set()  # the workload's contract: a leaf
     assert "pipeline.measuring.own_model" not in PACKAGE["pipeline.workloads.hf_model"]
@@ -151,7 +151,7 @@ def test_validate_reads_the_stages_facts_from_below_them():
 
 def test_the_leaves_of_the_core_import_nothing():
     leaves = ("call_keys", "torch_private", "workload_kinds", "arguments", "allocator_model")
-    for leaf in (*leaves, "run_status"):
+    for leaf in (*leaves, "run_status", "prediction_status"):
         assert PACKAGE[core(leaf)] == set(), leaf
     assert PACKAGE["pipeline.workloads.decoder_shape"] == set()  # standard library only
     assert (
@@ -201,3 +201,21 @@ def test_an_upward_import_is_seen(tmp_path):
     graph = graph_of(tmp_path)
     assert graph["pipeline.core.low"] == {"pipeline.stages.high"}
     assert floor("pipeline.stages.high") > floor("pipeline.core.low")
+
+
+def test_the_stages_that_judge_a_prediction_import_nothing_of_the_trace():
+    """validate, fit, report and plan read a prediction's words (core/prediction_status.py):
+    the trace and its operator modules are not imported for them."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "import pipeline.artefacts.validate, pipeline.stages.fit, pipeline.stages.report\n"
+        "import pipeline.stages.plan\n"
+        "print([m for m in sys.modules if m.startswith('pipeline.predicting')])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        cwd=Path(pipeline.__file__).parent.parent,
+    )  # fmt: skip
+    assert done.stdout.strip() == "[]"

@@ -49,9 +49,9 @@ except ImportError as exc:  # the GPU host's Python may lack them: say what to i
     raise SystemExit(2) from None
 
 from pipeline.core import cli, json_input, phase_protocol, places, run_folders, workload_kinds
+from pipeline.core.prediction_status import PredictionStatus
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
-from pipeline.predicting.trace_prediction import PredictionStatus
 from pipeline.workloads import decoder_rules, own_model_facts, seed_network
 
 ROOT = Path(__file__).resolve().parents[2]

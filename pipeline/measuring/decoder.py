@@ -47,9 +47,9 @@ from pipeline.core import (
     phase_protocol,
     writers,
 )
+from pipeline.core.prediction_status import PredictionStatus
 from pipeline.core.run_status import RunStatus
 from pipeline.predicting import gpu_calibration, trace_prediction
-from pipeline.predicting.trace_prediction import PredictionStatus
 from pipeline.workloads import own_model_facts
 from pipeline.workloads.decoder_rules import (
     SCHEMA,

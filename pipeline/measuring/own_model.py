@@ -54,10 +54,10 @@ from pipeline.core import (
     torch_private,
     writers,
 )
+from pipeline.core.prediction_status import PredictionStatus
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_contract import Configuration, Workload, WorkloadFile
 from pipeline.predicting import gpu_calibration, history_check, trace_prediction
-from pipeline.predicting.trace_prediction import PredictionStatus
 from pipeline.workloads import hf_config, seed_network
 from pipeline.workloads.own_model_facts import (  # noqa: F401 (own_model.document_facts, own_model.SCHEMA... stay)
     SCHEMA,

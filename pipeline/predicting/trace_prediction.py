@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import enum
 import hashlib
 import itertools
 import math
@@ -44,6 +43,7 @@ import re
 import weakref
 
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
+from pipeline.core.prediction_status import PEAK_KEYS, PredictionStatus
 from pipeline.predicting import (
     autocast_policy,
     bnb_kernels,
@@ -66,19 +66,6 @@ from pipeline.predicting import (
     reduce_scratch,
     segment_order,
 )
-
-
-class PredictionStatus(str, enum.Enum):
-    """How far a prediction can be trusted (a measurement's `prediction.status`); an enum of
-    str, so a document read back from JSON compares equal to it."""
-
-    EXACT = "exact"  # everything it used is covered: it must equal the GPU to the byte
-    APPROXIMATE = "approximate"  # something is not covered: it names what, with bounds
-    NOT_PREDICTED = "not predicted"  # the trace could not follow the code: it says where
-
-    def __str__(self) -> str:
-        return self.value
-
 
 CALLER, AUTOGRAD = "caller", "autograd"  # the thread that ran an operator (see Recorder.role)
 
@@ -2700,7 +2687,6 @@ MASK_BYTES_PER_SCORE = (1, 1, 4)
 # the probes; the bound allows MATH_SCORES times.
 MATH_SCORES = 3
 SDPA = "aten.scaled_dot_product_attention"
-PEAK_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes")
 UNSEEN = "device storage made outside the dispatcher"
 AUTOGRAD_THREAD = "autograd thread"
 BOUNDS_METHOD = (

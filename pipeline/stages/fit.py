@@ -30,9 +30,9 @@ from typing import NamedTuple
 from pipeline import calcul_forfaits
 from pipeline.artefacts import validate
 from pipeline.core import cli, run_folders, workload_kinds
+from pipeline.core.prediction_status import PredictionStatus
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
-from pipeline.predicting.trace_prediction import PredictionStatus
 
 GIB = 2**30
 # The names PyTorch gives catalogue models where they differ from the catalogue's own name,

@@ -31,9 +31,9 @@ from pathlib import Path
 from pipeline import calcul_forfaits
 from pipeline.artefacts import validate
 from pipeline.core import cli, run_folders, workload_kinds
+from pipeline.core.prediction_status import PredictionStatus
 from pipeline.core.run_status import RunStatus
 from pipeline.core.workload_kinds import Kind
-from pipeline.predicting.trace_prediction import PredictionStatus
 from pipeline.stages import fit
 
 GIB, MIB = 2**30, 2**20

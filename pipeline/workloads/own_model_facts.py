@@ -10,9 +10,8 @@ import itertools
 import statistics
 
 from pipeline.core import allocator_model, phase_protocol
+from pipeline.core.prediction_status import PEAK_KEYS, PredictionStatus
 from pipeline.core.run_status import RunStatus
-from pipeline.predicting import trace_prediction
-from pipeline.predicting.trace_prediction import PredictionStatus
 
 SCHEMA = "urn:iteragpu-lab:schema:own-model-measurement:v1"
 
@@ -54,7 +53,7 @@ def bounds_held(document: dict) -> bool | None:
     return all(
         found[key]["lower"] <= row[key] <= found[key]["upper"]
         for row, found in zip(document["phases"], bounds["phases"], strict=False)
-        for key in trace_prediction.PEAK_KEYS
+        for key in PEAK_KEYS
     )
 
 
@@ -214,7 +213,7 @@ def bounds_facts(prediction: dict) -> list[str]:
         where = f"$.prediction.bounds.phases[{i}]"
         if (bound["phase"], bound.get("repetition")) != (row["phase"], row.get("repetition")):
             errors.append(f"{where}: not the row of $.prediction.phases[{i}]")
-        for key in trace_prediction.PEAK_KEYS:
+        for key in PEAK_KEYS:
             if not bound[key]["lower"] <= row[key] <= bound[key]["upper"]:
                 errors.append(f"{where}.{key}: the prediction {row[key]} is outside its bounds")
     return errors
