@@ -131,3 +131,23 @@ def test_the_picture_is_drawn_once_and_never_over_a_file(capsys, tmp_path):
     assert code == 2
     assert "exists; never overwritten" in capsys.readouterr().err
     assert picture.read_bytes() == before
+
+
+def test_a_step_keeps_every_value_a_multiple_and_each_answer_its_last_that_fits(capsys, tmp_path):
+    (tmp_path / "no-runs").mkdir()
+    spec = f"{workload(tmp_path, WIDE)}:wide"
+    result = planned(capsys, tmp_path, "--search", "width", "--step", "96", "--", "--workload",
+                     spec, "--gpu", "h200")  # fmt: skip
+    assert {point["value"] % 96 for point in result["points"]} == {0}
+    assert result["points"][0]["value"] == 96  # --start is --step unless given
+    for row in {r["largest"]: r for r in result["rows"]}.values():
+        assert need_at(capsys, spec, row["largest"]) <= row["usable_memory_bytes"]
+        assert need_at(capsys, spec, row["largest"] + 96) > row["usable_memory_bytes"]
+
+
+def test_a_start_off_the_step_is_refused(capsys, tmp_path):
+    spec = f"{workload(tmp_path, WIDE)}:wide"
+    argv = ["--days", "7", "--search", "width", "--step", "8", "--start", "12", "--", "--workload"]
+    assert plan.main([*argv, spec]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == "plan.py: error: --start 12 is not a multiple of --step 8"

@@ -13,9 +13,10 @@ approximate prediction, the prediction itself where it is exact or claims no bou
 CUDA context fits its memory, as `fit` reads it: measured where runs name the GPU, else the
 vendor figure. The answer is given twice: by that need, and by the central figure alone.
 
-The search doubles the value from --start until the need passes the largest GPU's memory,
---up-to, or a value the estimate refuses (the model's positions, the trace's budget), then
-narrows each GPU's boundary between the values tried, by interpolation, then by halves.
+The search doubles the value from --start (every value a multiple of --step: a sequence in
+multiples of 128, say) until the need passes the largest GPU's memory, --up-to, or a value
+the estimate refuses (the model's positions, the trace's budget), then narrows each GPU's
+boundary between the values tried, by interpolation, then by halves.
 Where a figure is larger than at a larger value tried, the search says so: a predicted peak
 can fall (the caching allocator reuses its segments otherwise at another size), an upper
 bound that falls where the peak does not is a defect of the prediction. Each GPU's answer is
@@ -120,8 +121,9 @@ def estimate(rest: list[str], search: str, value: int) -> Point:
 class Search:
     """The values tried, each estimated once; `say` reports each as it comes."""
 
-    def __init__(self, rest: list[str], search: str, say):
+    def __init__(self, rest: list[str], search: str, say, unit: int = 1):
         self.rest, self.search, self.say = rest, search, say
+        self.unit = unit  # every value tried is a multiple of it (--step)
         self.points: dict[int, Point] = {}
 
     def at(self, value: int) -> Point:
@@ -142,33 +144,39 @@ class Search:
         return None if figure is None else figure <= usable
 
     def boundary(self, low: int, high: int, usable: int, key: str) -> int:
-        """The largest value in [low, high) that fits, `low` fitting and `high` not: a guess
-        by interpolation of the two figures, values at doubling distances from it until the
-        boundary is bracketed (a peak grows in steps: the allocator's block and segment
-        sizes), then halves."""
+        """The largest value in [low, high) that fits, `low` fitting and `high` not, in
+        multiples of the unit: a guess by interpolation of the two figures, values at
+        doubling distances from it until the boundary is bracketed (a peak grows in steps:
+        the allocator's block and segment sizes), then halves."""
+        unit = self.unit
         a, b = getattr(self.at(low), key), getattr(self.at(high), key)
+        low, high = low // unit, high // unit  # from here, counts of units
+
+        def fits(count: int) -> bool:
+            return self.fits(count * unit, usable, key)
+
         guess = low + (high - low) // 2
         if b > a:
             guess = low + int((usable - a) * (high - low) / (b - a))
         guess = min(max(guess, low + 1), high - 1)
         step = 1
-        if guess > low and self.fits(guess, usable, key):
+        if guess > low and fits(guess):
             low = guess
-            while low + step < high and self.fits(low + step, usable, key):
+            while low + step < high and fits(low + step):
                 low, step = low + step, step * 2
             high = min(high, low + step)
         elif guess > low:
             high = guess
-            while high - step > low and not self.fits(high - step, usable, key):
+            while high - step > low and not fits(high - step):
                 high, step = high - step, step * 2
             low = max(low, high - step)
         while high - low > 1:
             middle = (low + high) // 2
-            if self.fits(middle, usable, key):
+            if fits(middle):
                 low = middle
             else:
                 high = middle
-        return low
+        return low * unit
 
 
 def defects(points: list[Point]) -> tuple[list[str], list[str]]:
@@ -207,8 +215,9 @@ def largest_fitting(points: list[Point], usable: int, key: str) -> int | None:
 
 
 def run_search(args, rest: list[str], memory: dict, say) -> dict:
-    search = Search(rest, args.search, say)
+    search = Search(rest, args.search, say, args.step)
     ceiling = max(held.usable_bytes for held in memory.values())
+    up_to = args.up_to // args.step * args.step
     value, last, stopped = args.start, None, None
     while True:  # doubling
         point = search.at(value)
@@ -219,10 +228,10 @@ def run_search(args, rest: list[str], memory: dict, say) -> dict:
         if point.need_bytes > ceiling and point.peak_reserved_bytes > ceiling:
             stopped = f"{args.search} {value}: past the largest GPU's memory"
             break
-        if value >= args.up_to:
+        if value >= up_to:
             stopped = f"--up-to {args.up_to} reached"
             break
-        value = min(value * 2, args.up_to)
+        value = min(value * 2, up_to)
     if last is None:
         raise cli.UsageError(f"{args.search} {args.start}: {search.points[args.start].refused}")
     for key in ("need_bytes", "peak_reserved_bytes"):
@@ -346,8 +355,13 @@ def parser() -> cli.Parser:
         "--search", required=True, metavar="NAME",
         help="batch, new_tokens, lora_rank, or a --dim name (sequence, image)",
     )  # fmt: skip
-    parser.add_argument("--start", type=cli.bounded_int(1 << 20), default=1,
-                        help="the first value tried (default 1)")  # fmt: skip
+    parser.add_argument("--step", type=cli.bounded_int(1 << 20), default=1,
+                        help="every value tried is a multiple of it (default 1; a sequence: "
+                        "128, say)")  # fmt: skip
+    parser.add_argument(
+        "--start", type=cli.bounded_int(1 << 20),
+        help="the first value tried, a multiple of --step (default --step)",
+    )  # fmt: skip
     parser.add_argument("--up-to", type=cli.bounded_int(1 << 24), default=1 << 20,
                         help="the largest value tried")  # fmt: skip
     fit.calcul_forfaits.add_days(parser)
@@ -374,6 +388,9 @@ def plan_command(argv: list[str] | None) -> int:
             "--picture draws with matplotlib, not installed here: pip install "
             "'matplotlib==3.11.2' (pyproject.toml's `report` extra)"
         )
+    args.start = args.step if args.start is None else args.start
+    if args.start % args.step:
+        raise cli.UsageError(f"--start {args.start} is not a multiple of --step {args.step}")
     if args.start > args.up_to:
         raise cli.UsageError(f"--start {args.start} is over --up-to {args.up_to}")
     catalogue = fit.load_catalogue(args.tariffs)
