@@ -38,7 +38,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipeline import calcul_forfaits
 from pipeline.core import cli, run_folders
+from pipeline.core.prediction_status import PredictionStatus
 from pipeline.stages import fit
 
 SEARCHED = {  # --search NAME: the estimate's option for it
@@ -105,7 +107,7 @@ def estimate(rest: list[str], search: str, value: int) -> Point:
         return Point(value, refused=reason.removeprefix("own_model.py: "), seconds=seconds)
     document = json.loads(out.getvalue())
     prediction = document["prediction"]
-    if prediction["status"] == "not predicted":
+    if prediction["status"] == PredictionStatus.NOT_PREDICTED:
         return Point(value, refused=f"not predicted: {prediction.get('reason', '')}",
                      seconds=seconds)  # fmt: skip
     need = fit.traced_prediction_need(document, f"{search} {value}", "")
@@ -251,7 +253,7 @@ def answer(args, found: dict, memory: dict, catalogue: dict) -> dict:
     rows = []
     for gpu in catalogue["models"]:
         held = memory[gpu]
-        quote = fit.calcul_forfaits.quote(catalogue, gpu, args.days, lots=1,
+        quote = calcul_forfaits.quote(catalogue, gpu, args.days, lots=1,
                                           accepted=args.accepted_results)  # fmt: skip
         by_need = largest_fitting(predicted, held.usable_bytes, "need_bytes")
         central = largest_fitting(predicted, held.usable_bytes, "peak_reserved_bytes")
@@ -282,7 +284,7 @@ def answer(args, found: dict, memory: dict, catalogue: dict) -> dict:
         "stopped": found["stopped"],
         "points": [asdict(p) for p in found["points"]],
         "seconds": round(sum(p.seconds for p in found["points"]), 1),
-        **fit.calcul_forfaits.tariff_source(catalogue),
+        **calcul_forfaits.tariff_source(catalogue),
         "rows": rows,
     }
 
@@ -303,7 +305,7 @@ def render(result: dict) -> str:
         lines.append(
             f"{row['gpu']:<14}{fit.gib(row['usable_memory_bytes']):>11}  {largest:>8}  "
             f"{need:>9}  {row['status'] or '':<12}{'none' if central is None else central:>8}  "
-            f"{fit.calcul_forfaits.dollars(row['total_cents']):>12}"
+            f"{calcul_forfaits.dollars(row['total_cents']):>12}"
         )
     lines.append(f"stopped: {result['stopped']}")
     lines += [f"NOT MONOTONE, a defect of the bound: {said}" for said in result["defects"]]
@@ -364,8 +366,8 @@ def parser() -> cli.Parser:
     )  # fmt: skip
     parser.add_argument("--up-to", type=cli.bounded_int(1 << 24), default=1 << 20,
                         help="the largest value tried")  # fmt: skip
-    fit.calcul_forfaits.add_days(parser)
-    fit.calcul_forfaits.add_accepted_results(parser, "distinct useful results accepted")
+    calcul_forfaits.add_days(parser)
+    calcul_forfaits.add_accepted_results(parser, "distinct useful results accepted")
     parser.add_argument("--tariffs", metavar="PATH", help="tariff file")
     parser.add_argument("--runs-dir", metavar="DIR", help="where measured memory is looked for")
     parser.add_argument("--picture", type=Path, metavar="PNG", help="draw the search (new file)")

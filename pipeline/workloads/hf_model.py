@@ -278,9 +278,14 @@ class CpuKernelNotice(logging.Filter):
         return "gemm_4bit_forward from kernels-community" not in record.getMessage()
 
 
+# one filter for the process: adding the same one again is a no-op (logging.Filterer), and
+# `require` runs for every config read (plan estimates many in one process)
+CPU_KERNEL_NOTICE = CpuKernelNotice()
+
+
 def require(task: str) -> None:
     """transformers (and peft for lora) importable, else one line."""
-    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(CpuKernelNotice())
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(CPU_KERNEL_NOTICE)
     needed = ["transformers"] + (["peft"] if task in ADAPTED else [])
     if any(importlib.util.find_spec(name) is None for name in needed):
         peft = task in ADAPTED
@@ -566,14 +571,11 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
     else:
         optimizer = trainer_optimizer(model, recipe.optim)
         refuse_paged_state(optimizer, recipe.optim)
-    scaler = None
-    if recipe.bf16:
-        autocast_forward(torch, model, torch.bfloat16)
-    if recipe.fp16:
-        autocast_forward(torch, model, torch.float16)
-        # accelerate's get_grad_scaler on a CUDA machine: torch.amp.GradScaler("cuda"), at
-        # its defaults (a scale of 2**16); the harness scales, steps and updates through it
-        scaler = torch.amp.GradScaler("cuda")
+    if recipe.bf16 or recipe.fp16:
+        autocast_forward(torch, model, torch.bfloat16 if recipe.bf16 else torch.float16)
+    # accelerate's get_grad_scaler on a CUDA machine: torch.amp.GradScaler("cuda"), at its
+    # defaults (a scale of 2**16); the harness scales, steps and updates through it
+    scaler = torch.amp.GradScaler("cuda") if recipe.fp16 else None
     return Workload(model, make_inputs, step=lambda model, inputs: model(**inputs).loss,
                     optimizer=optimizer, micro_batches=recipe.gradient_accumulation_steps,
                     scaler=scaler)  # fmt: skip
