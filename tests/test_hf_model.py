@@ -441,16 +441,14 @@ BERT = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
                 }
             ),
             (),
-            "a quantized model (quantization_config: awq) is not modelled: built from its "
-            "config, transformers makes it unquantized",
+            "a quantized model (quantization_config: awq) is not modelled: the lab loads "
+            "bitsandbytes' 4-bit checkpoints (load_in_4bit); GPTQ, AWQ, FP8 and other formats",
         ),
         (
             '{"model_type": "llama", "quantization_config": {"load_in_4bit": true}}',
             ("--task", "training"),
-            "a quantized model (quantization_config) is not modelled: built from its config, "
-            "transformers makes it unquantized, whose memory is not that of the quantized "
-            "weights and kernels; remove quantization_config from a copy of the file and give "
-            "--load-in-4bit",
+            "a 4-bit checkpoint (its config's quantization_config) with --task training: "
+            "4-bit weights cannot be trained",
         ),
         ('{"model_type": "llama"}', ("--task", "lora", "--workload", "x.py:f"), "not allowed"),
     ],

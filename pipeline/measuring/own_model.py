@@ -773,6 +773,7 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
     four_bit = hf_model.four_bit_recipe(
         task,
         getattr(args, "load_in_4bit", False),
+        hf_model.stored_quantization(hf_model.read_config(path), path),
         quant_type=getattr(args, "bnb_4bit_quant_type", None),
         use_double_quant=getattr(args, "bnb_4bit_use_double_quant", None),
         compute_dtype=getattr(args, "bnb_4bit_compute_dtype", None),

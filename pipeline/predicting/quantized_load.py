@@ -29,6 +29,24 @@ Read in transformers 5.23 (modeling_utils.py, integrations/bitsandbytes.py) and 
   detached fake tensor takes a class that is both the parameter's class and FakeTensor
   (`fake_class`): bitsandbytes' methods and attributes as written, FakeTensor's dispatch.
 
+A checkpoint quantized already (its config's quantization_config) is loaded another way, also
+followed here:
+
+- The loader's threads. For such a checkpoint (and any without on-the-fly quantisation)
+  transformers copies every tensor of the file to the device on a pool of 4 threads, all
+  submitted at once (core_model_loading: `spawn_materialize`), while the main thread converts
+  them as they come. A fake tensor's mode cannot run on several threads: here each copy is
+  made when it is submitted, in the file's order, as threads that run ahead of the main
+  thread make them. On a GPU the threads may interleave in other orders: the trace notes
+  LOAD_THREADS, which withholds "exact" (the bounds stay: the tensors are the same, only
+  when their small blocks come and go differs).
+- The packed quantisation state. `QuantState.as_dict(packed=True)` (what save_pretrained
+  writes) packs its non-tensor fields as JSON bytes in a uint8 tensor, one 512-byte block on
+  the device (a few hundred bytes whatever its digits); `from_prequantized` reads them back
+  with `.cpu().numpy()`. A fake tensor holds no bytes: here the fields packed for a weight's
+  shape are kept and read back for a layer of that shape; the nested offset a fake tensor
+  cannot say (`.item()`) is written as 0.0, the mean of a zero checkpoint's absmax.
+
 Nothing is installed where bitsandbytes is not imported already (a workload that loads in 4
 bits imports it, and transformers' modeling_utils, before its trace). The first three only in
 a trace whose device is meta, the first two only where modeling_utils is imported; the last
@@ -48,6 +66,20 @@ import weakref
 from pipeline.core import torch_private
 
 NOTE = "4-bit weights (bitsandbytes)"
+# The same for a checkpoint quantized already (its own quantization_config), loaded without
+# any quantisation on the device: while False, such a load notes PREQUANTIZED_NOTE.
+PREQUANTIZED_CHECKED_ON_A_GPU = False
+PREQUANTIZED_NOTE = "a 4-bit checkpoint's load (bitsandbytes)"
+PREQUANTIZED_UNCHECKED_WHY = (
+    "the load follows transformers' loading of a checkpoint bitsandbytes quantized (packed "
+    "weights and quantisation state copied as they are) and has not yet been held against a "
+    "GPU's measurement: the central figure follows it, no bounds are claimed"
+)
+LOAD_THREADS = "transformers' loader threads"
+LOAD_THREADS_WHY = (
+    "transformers copies a checkpoint's tensors to the device on 4 threads: the order of "
+    "their small blocks is the threads', the trace's is the file's"
+)
 # Whether a GPU's measurements of models loaded in 4 bits have been held against predictions
 # traced this way (they have: the evidence page says where). While False, a trace that
 # quantised a weight says so in a note that withholds "exact" and the bounds.
@@ -70,6 +102,11 @@ def install(torch, recorder, notes: dict, on_meta: bool):
     functional = sys.modules.get("bitsandbytes.functional")
     if functional is not None:
         undo.append(_fresh_maps(functional.name2qmap))
+    if functional is not None:
+        undo += _packed_states(torch, functional, bnb.Params4bit, notes)
+    loading = sys.modules.get("transformers.core_model_loading")
+    if loading is not None:
+        undo.append(_replace(loading, "ThreadPoolExecutor", _inline_pool(notes)))
     utils = sys.modules.get("transformers.modeling_utils")
     if on_meta and utils is not None:
         undo += [
@@ -106,6 +143,83 @@ def _replace(owner, name: str, value):
 
     setattr(owner, name, value)
     return undo
+
+
+def _inline_pool(notes: dict):
+    """A ThreadPoolExecutor whose jobs run when submitted, on the calling thread."""
+    from concurrent.futures import Future
+
+    class InlinePool:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def submit(self, job, *args, **kwargs):
+            notes.setdefault(LOAD_THREADS, LOAD_THREADS_WHY)
+            future = Future()
+            future.set_result(job(*args, **kwargs))
+            return future
+
+        def shutdown(self, *args, **kwargs):
+            pass
+
+    return InlinePool
+
+
+class _ZeroOffset:
+    """What as_dict reads of a nested offset a fake tensor holds: `.item()`, here 0.0."""
+
+    @staticmethod
+    def item() -> float:
+        return 0.0
+
+
+def _packed_states(torch, functional, params, notes: dict):
+    """as_dict packs what a fake tensor can say; from_prequantized reads back the fields
+    packed for a weight of the layer's shape."""
+    fake = torch_private.FakeTensor
+    packed: dict = {}  # a weight's shape -> the fields pack_dict_to_tensor packed for it
+    state = functional.QuantState
+    original_as_dict = state.__dict__["as_dict"]
+    original_pack = functional.pack_dict_to_tensor
+    original_from = params.__dict__["from_prequantized"].__func__
+
+    def as_dict(self, *args, **kwargs):
+        offset = self.offset
+        if isinstance(offset, fake):
+            self.offset = _ZeroOffset()
+        try:
+            return original_as_dict(self, *args, **kwargs)
+        finally:
+            self.offset = offset
+
+    def pack_dict_to_tensor(source):
+        if isinstance(source.get("shape"), (list, tuple)):
+            packed[tuple(source["shape"])] = dict(source)
+        return original_pack(source)
+
+    def from_prequantized(cls, data, quantized_stats, *args, module=None, **kwargs):
+        key = next(
+            (k for k, v in quantized_stats.items() if "quant_state" in k and isinstance(v, fake)),
+            None,
+        )
+        if not PREQUANTIZED_CHECKED_ON_A_GPU:
+            notes.setdefault(PREQUANTIZED_NOTE, PREQUANTIZED_UNCHECKED_WHY)
+        if key is not None and module is not None:
+            shape = (module.out_features, module.in_features)
+            if shape not in packed:
+                raise RuntimeError(
+                    f"a packed quantisation state for a {shape} weight that was not packed "
+                    "in this trace: its fields are not known"
+                )
+            quantized_stats.pop(key)  # as QuantState.from_dict pops it
+            quantized_stats.update(packed[shape])
+        return original_from(cls, data, quantized_stats, *args, module=module, **kwargs)
+
+    return [
+        _replace(state, "as_dict", as_dict),
+        _replace(functional, "pack_dict_to_tensor", pack_dict_to_tensor),
+        _replace(params, "from_prequantized", classmethod(from_prequantized)),
+    ]
 
 
 def _fresh_maps(maps: dict):

@@ -2810,7 +2810,7 @@ def boundable(entry: dict) -> bool:
     op, why = entry["op"], entry["why"]
     return (
         why.startswith(UNCALIBRATED)
-        or op in (ADDRESS_ORDER, UNSEEN, AUTOGRAD_THREAD)
+        or op in (ADDRESS_ORDER, UNSEEN, AUTOGRAD_THREAD, quantized_load.LOAD_THREADS)
         or (op in VALUE_DEPENDENT and why == VALUE_DEPENDENT[op][1])
     )
 

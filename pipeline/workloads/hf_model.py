@@ -86,6 +86,7 @@ MISSING = (
 # al. 2023, as peft's and bitsandbytes' guides set them), which --task qlora takes
 FOUR_BIT_DEFAULTS = {"quant_type": "fp4", "use_double_quant": False, "compute_dtype": "float32"}
 QLORA_DEFAULTS = {"quant_type": "nf4", "use_double_quant": True, "compute_dtype": "bfloat16"}
+COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,8 @@ class Recipe:
     bnb_4bit_quant_type: str = FOUR_BIT_DEFAULTS["quant_type"]
     bnb_4bit_use_double_quant: bool = FOUR_BIT_DEFAULTS["use_double_quant"]
     bnb_4bit_compute_dtype: str = FOUR_BIT_DEFAULTS["compute_dtype"]
+    # the 4-bit load is a checkpoint's own: its config's quantization_config says it
+    prequantized: bool = False
 
     def given(self) -> dict:
         """The options that differ from the lab's own step (what a run records)."""
@@ -124,11 +127,24 @@ class Recipe:
         }
 
 
-def four_bit_recipe(task: str, load_in_4bit: bool, **given) -> dict:
+def four_bit_recipe(task: str, load_in_4bit: bool, stored: dict | None = None, **given) -> dict:
     """The 4-bit fields of a Recipe from the options given (None: not given): --task qlora
     loads in 4 bits with QLoRA's defaults, --load-in-4bit with BitsAndBytesConfig's; the
-    --bnb-4bit-* options go with one of them."""
+    --bnb-4bit-* options go with one of them. A checkpoint quantized already (`stored`:
+    stored_quantization's fields) is loaded as its config says, and takes none of them."""
     named = {key: value for key, value in given.items() if value is not None}
+    if stored is not None:
+        if load_in_4bit or named:
+            option = (
+                "--load-in-4bit"
+                if load_in_4bit
+                else "--bnb-4bit-" + next(iter(named)).replace("_", "-")
+            )
+            raise cli.UsageError(
+                f"{option}: the config's quantization_config says how its checkpoint is "
+                "quantized (bitsandbytes, 4 bits): the model is loaded as it says"
+            )
+        return stored
     if task != "qlora" and not load_in_4bit:
         if named:
             option = "--bnb-4bit-" + next(iter(named)).replace("_", "-")
@@ -153,7 +169,12 @@ def check_recipe(recipe: Recipe, task: str) -> None:
     if recipe.load_in_4bit:
         if task == "training":
             raise cli.UsageError(
-                "--load-in-4bit with --task training: 4-bit weights cannot be trained (the "
+                (
+                    "a 4-bit checkpoint (its config's quantization_config)"
+                    if recipe.prequantized
+                    else "--load-in-4bit"
+                )
+                + " with --task training: 4-bit weights cannot be trained (the "
                 "Trainer refuses a purely quantized model); --task qlora trains LoRA adapters "
                 "over them"
             )
@@ -246,26 +267,56 @@ def read_config(path: Path) -> dict:
                 "PyTorch's attention, 'sdpa' (transformers' default) or 'eager'; remove it "
                 "from a copy of the file to predict the model with sdpa"
             )
-    quantization = config.get("quantization_config")
-    if quantization is not None:
-        # from_config ignores it: the model would be built, predicted and measured unquantized
-        # under the quantized model's name, its 4- or 8-bit weights taken at --dtype's size.
-        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
-        four_bit = isinstance(quantization, dict) and quantization.get("load_in_4bit") is True
-        raise cli.UsageError(
-            f"--hf-config {path}: a quantized model (quantization_config"
-            f"{f': {method}' if isinstance(method, str) else ''}) is not modelled: built from "
-            "its config, transformers makes it unquantized, whose memory is not that of the "
-            "quantized weights and kernels; "
-            + (
-                "remove quantization_config from a copy of the file and give --load-in-4bit "
-                "with its --bnb-4bit-* options, which load it in 4 bits"
-                if four_bit
-                else "to size the unquantized model, remove quantization_config from a copy "
-                "of the file"
-            )
-        )
+    stored_quantization(config, path)  # refused in one line unless the lab loads it
     return config
+
+
+def stored_quantization(config: dict, path: Path) -> dict | None:
+    """The Recipe fields of a checkpoint bitsandbytes quantized in 4 bits, as its config says
+    (quantization_config as BitsAndBytesConfig.to_dict writes it; transformers takes
+    load_in_4bit for bitsandbytes whatever quant_method says: AutoQuantizationConfig.from_dict),
+    `prequantized` among them; None for a model without quantization_config. Any other
+    quantization is refused in one line: built from its config, transformers would make it
+    unquantized, under the quantized model's name."""
+    stored = config.get("quantization_config")
+    if stored is None:
+        return None
+    method = stored.get("quant_method") if isinstance(stored, dict) else None
+    named = f": {method}" if isinstance(method, str) else ""
+    if not isinstance(stored, dict) or stored.get("load_in_4bit") is not True:
+        eight = isinstance(stored, dict) and stored.get("load_in_8bit") is True
+        raise cli.UsageError(
+            f"--hf-config {path}: a quantized model (quantization_config{named}) is not "
+            "modelled: the lab loads bitsandbytes' 4-bit checkpoints (load_in_4bit); "
+            + (
+                "bitsandbytes' 8-bit weights (LLM.int8) keep outlier columns that depend on "
+                "the weights and the data"
+                if eight
+                else "GPTQ, AWQ, FP8 and other formats have their own weights and kernels"
+            )
+            + "; to size the unquantized model, remove quantization_config from a copy of the "
+            "file"
+        )
+    fields = {
+        "bnb_4bit_quant_type": (FOUR_BIT_DEFAULTS["quant_type"], ("nf4", "fp4")),
+        "bnb_4bit_use_double_quant": (FOUR_BIT_DEFAULTS["use_double_quant"], (True, False)),
+        # to_dict writes the dtype's name; None is float32, BitsAndBytesConfig's default
+        "bnb_4bit_compute_dtype": (FOUR_BIT_DEFAULTS["compute_dtype"], COMPUTE_DTYPES),
+        # another storage (FSDP's QLoRA packs 4-bit values into bfloat16) is not traced
+        "bnb_4bit_quant_storage": ("uint8", ("uint8",)),
+    }
+    recipe = {"load_in_4bit": True, "prequantized": True}
+    for key, (default, allowed) in fields.items():
+        value = stored.get(key)
+        value = default if value is None else value
+        if not any(value is known or (type(value) is str and value == known) for known in allowed):
+            raise cli.UsageError(
+                f"--hf-config {path}: quantization_config's {key} {value!r} is not modelled "
+                f"(the lab loads {', '.join(map(str, allowed))})"
+            )
+        if key != "bnb_4bit_quant_storage":
+            recipe[key] = value
+    return recipe
 
 
 class CpuKernelNotice(logging.Filter):
@@ -507,10 +558,10 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
     # installed) would otherwise be made on the GPU and held there for the whole run.
     model_class = getattr(transformers, auto)._model_mapping[type(settings)]
     recipe = Recipe(**(recipe or {}))
-    if recipe.load_in_4bit:  # loaded onto the device by from_pretrained
+    if recipe.prequantized:  # loaded onto the device by from_pretrained
+        model = load_prequantized(torch, transformers, model_class, settings, hf, config)
+    elif recipe.load_in_4bit:
         model = load_quantized(torch, transformers, model_class, settings, config, recipe)
-        if task in ("inference", "generate"):
-            refuse_bias_casts(torch, model, config, recipe)
     else:
         with torch.device(config.device), initialised_as_on_a_gpu(transformers, config.device):
             model = getattr(transformers, auto).from_config(settings, dtype=config.dtype)
@@ -518,6 +569,8 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
         # indices, `torch.LongTensor(...)`) is moved as a user's script moves the model: a
         # copy to the GPU, in model_load. The rest is there already, and `.to` leaves it alone.
         model = model.to(config.device)
+    if recipe.load_in_4bit and task in ("inference", "generate"):
+        refuse_bias_casts(torch, model, config, recipe)
     if "sequence" in dims:  # the generation's last token sits at sequence + new_tokens - 2
         needed = dims["sequence"] + (dims["new_tokens"] - 1 if task == "generate" else 0)
         limit = learned_positions(torch, model)
@@ -585,25 +638,58 @@ def load_quantized(torch, transformers, model_class, settings, config, recipe: R
     """The model as from_pretrained loads it with the recipe's BitsAndBytesConfig onto the
     run's device, from a checkpoint of the model's own tensors, zeros (their values change
     no block), in the run's dtype and on the host as a loaded file's are: each weight is
-    moved to the device and, where bitsandbytes replaced its Linear, quantised there. Tied
+    moved to the device and, where bitsandbytes replaced its Linear, quantised there."""
+    quantization = transformers.BitsAndBytesConfig(**recipe.quantization())
+    checkpoint = zeros_checkpoint(torch, model_class, settings, config.dtype)
+    return from_checkpoint(transformers, model_class, settings, checkpoint, config.device,
+                           config.dtype, quantization)  # fmt: skip
+
+
+def load_prequantized(torch, transformers, model_class, settings, hf: dict, config):
+    """The model as from_pretrained loads a checkpoint bitsandbytes quantized (its config's
+    quantization_config): the packed 4-bit weights and their quantisation state, as
+    save_pretrained writes them, moved to the device as they are (Bnb4bitDeserialize,
+    Params4bit.from_prequantized), nothing quantised there. The checkpoint is made as one
+    is saved: the model loaded in 4 bits on the host, with the same BitsAndBytesConfig (read
+    by transformers from the config's own fields), its state_dict."""
+    plain = transformers.AutoConfig.for_model(
+        **{key: value for key, value in hf.items() if key != "quantization_config"}
+    )
+    quantization = transformers.BitsAndBytesConfig.from_dict(dict(hf["quantization_config"]))
+    zeros = zeros_checkpoint(torch, model_class, plain, config.dtype)
+    on_host = from_checkpoint(transformers, model_class, plain, zeros, "cpu", config.dtype,
+                              quantization)  # fmt: skip
+    del zeros
+    tied = set(getattr(on_host, "all_tied_weights_keys", None) or ())
+    checkpoint = {name: value for name, value in on_host.state_dict().items() if name not in tied}
+    del on_host
+    return from_checkpoint(transformers, model_class, settings, checkpoint, config.device,
+                           config.dtype, None)  # fmt: skip
+
+
+def zeros_checkpoint(torch, model_class, settings, dtype) -> dict:
+    """The model's own tensors, zeros, in `dtype`, on the host as a loaded file's are. Tied
     weights are stored once, as save_pretrained stores them."""
     with contextlib.ExitStack() as stack:  # the skeleton from_pretrained itself builds
-        for context in model_class.get_init_context(config.dtype, False, False, None):
+        for context in model_class.get_init_context(dtype, False, False, None):
             stack.enter_context(context)
         skeleton = model_class(settings)
     tied = set(getattr(skeleton, "all_tied_weights_keys", None) or ())
     # zeros, not torch.empty: memory left uninitialised can hold NaNs, which change no block
     # but make a float16 GradScaler skip the step (seen on a GPU: a QLoRA --fp16 run); a zero
     # model's loss and gradients are finite
-    checkpoint = {
+    return {
         name: torch.zeros(tensor.shape, dtype=tensor.dtype, device="cpu")
         for name, tensor in skeleton.state_dict(keep_vars=True).items()
         if name not in tied
     }
-    del skeleton
-    quantization = transformers.BitsAndBytesConfig(**recipe.quantization())
+
+
+def from_checkpoint(transformers, model_class, settings, checkpoint, device, dtype, quantization):
+    """from_pretrained of this state_dict onto `device`, without its report of the weights it
+    initialised or a progress bar."""
     verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # no table of the weights it initialised
+    transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     try:
         return model_class.from_pretrained(
@@ -611,8 +697,8 @@ def load_quantized(torch, transformers, model_class, settings, config, recipe: R
             config=settings,
             state_dict=checkpoint,
             quantization_config=quantization,
-            device_map={"": config.device},
-            dtype=config.dtype,
+            device_map={"": device},
+            dtype=dtype,
         )
     finally:
         transformers.logging.set_verbosity(verbosity)
@@ -660,12 +746,17 @@ def refuse_bias_casts(torch, model, config, recipe: Recipe) -> None:
         for module in model.modules()
     )
     if biased:
+        said, fix = (
+            ("its quantization_config's bnb_4bit_compute_dtype", "--dtype")
+            if recipe.prequantized
+            else ("--bnb-4bit-compute-dtype", "--bnb-4bit-compute-dtype")
+        )
         raise cli.UsageError(
-            f"--bnb-4bit-compute-dtype {recipe.bnb_4bit_compute_dtype} on a model in "
+            f"{said} {recipe.bnb_4bit_compute_dtype} on a model in "
             f"{str(config.dtype).removeprefix('torch.')} whose 4-bit layers have biases: "
             "bitsandbytes casts each bias in place at each call, which PyTorch refuses under "
-            "inference_mode on the device a trace runs on; not modelled: give the model's "
-            "dtype as --bnb-4bit-compute-dtype"
+            "inference_mode on the device a trace runs on; not modelled: give the compute "
+            f"dtype as {fix}"
         )
 
 
