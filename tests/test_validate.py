@@ -809,6 +809,7 @@ def test_a_raw_gpu_record_is_checked_by_the_schema_its_place_names(tmp_path):
         ("20261205T083500Z-hf-zoo-blind-7", True),
         ("20261205T023519Z-h200-probe-decoder", True),
         ("20261202T000004Z-benchmarks", False),  # elsewhere, a JSON file without a schema
+        ("20261207T211500Z-bnb4-checkpoints-blind", True),  # a grid: its points.txt beside
     ],
 )
 def test_a_model_config_is_skipped_only_in_a_probe_or_zoo_folder(tmp_path, folder, skipped):
@@ -818,7 +819,9 @@ def test_a_model_config_is_skipped_only_in_a_probe_or_zoo_folder(tmp_path, folde
     config = tmp_path / "runs" / folder / "configs" / "resnet-50.json"
     config.parent.mkdir(parents=True)
     config.write_text('{"model_type": "resnet"}\n')
-    [(path, kind, why)] = list(validate.walk(tmp_path / "runs"))
+    if "blind" in folder:
+        (config.parent.parent / "points.txt").write_text("# a zoo grid's points\n")
+    [(path, kind, why)] = [e for e in validate.walk(tmp_path / "runs") if e[0].suffix == ".json"]
     assert path == config
     assert (kind, why) == (
         (validate.SKIPPED, validate.MODEL_CONFIG) if skipped else (validate.ARTEFACT, "")

@@ -1306,12 +1306,17 @@ MODEL_CONFIG = "a model's config.json, the input of the workloads traced: no sch
 
 
 def model_config(path: Path) -> bool:
-    """configs/<name>.json in a runs/<stamp>-<gpu>-probe.../ or <stamp>-hf-zoo.../ folder: a
-    Hugging Face config, the input of the probes or of a zoo grid's points."""
+    """configs/<name>.json in a runs/<stamp>-<gpu>-probe.../ or <stamp>-hf-zoo.../ folder, or
+    in a zoo grid's folder (one holding the grid's points.txt): a Hugging Face config, the
+    input of the probes or of a grid's points."""
+    folder = path.parent.parent
     return (
         path.suffix == ".json"
         and path.parent.name == "configs"
-        and any(mark in path.parent.parent.name for mark in ("-probe", "-hf-zoo"))
+        and (
+            any(mark in folder.name for mark in ("-probe", "-hf-zoo"))
+            or (folder / "points.txt").is_file()
+        )
     )
 
 

@@ -29,7 +29,7 @@ calibration file gathers such probes, made on one GPU with one PyTorch, so that
 evidence under runs/); `load` reads it back. The file is named by the GPU, its PyTorch and,
 in every prediction that uses it, its SHA-256.
 
-Standard library only.
+Standard library, and jsonschema where a file is checked.
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ from pipeline.predicting import attention_choice, kernel_formulas, reduce_scratc
 
 SCHEMA = "iteragpu-lab/gpu-calibration/v1"
 FOLDER = places.folder("calibrations")
+SCHEMA_FILE = places.folder("schemas") / "gpu-calibration.schema.json"
+# The collections a file's top level holds: checked entry by entry only where the whole file
+# is (`check(..., whole=True)`: about 3 s for the H200's 30,000 probed calls, with jsonschema)
+COLLECTIONS = {
+    "patterns": "object",
+    "shape_rules": "object",
+    "formula_rules": "object",
+    "signatures": "object",
+    "output_only": "array",
+}
 # The GPUs `--gpu` knows: name -> (calibration file, what the attention rule needs)
 KNOWN = {"h200": "nvidia-h200-torch-2.11.0+cu130.json"}
 # Matrix products: cuBLAS/cuBLASLt workspaces only (see the module's docstring).
@@ -227,11 +237,36 @@ def read_formula_rules(rules: dict) -> dict:
     }
 
 
+def check(document, path: Path, whole: bool = False) -> None:
+    """The document against schemas/gpu-calibration.schema.json, else one line. `whole`:
+    every entry too (what `build` writes); else the top level, each collection's type only
+    (what every `--gpu` estimate reads: milliseconds; the tests check each committed file
+    whole)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    schema = json.loads(SCHEMA_FILE.read_text())
+    if not whole:
+        for key, kind in COLLECTIONS.items():
+            schema["properties"][key] = {"type": kind}
+    error = best_match(Draft202012Validator(schema).iter_errors(document))
+    if error is not None:
+        where = "/".join(str(part) for part in error.absolute_path) or "the top level"
+        raise cli.UsageError(
+            f"{path}: not a GPU calibration ({SCHEMA}): at {where}: "
+            f"{' '.join(error.message.split())[:160]}"
+        )
+
+
 def load(name: str) -> tuple[trace_prediction.Calibration, dict]:
-    """(calibration, the file's GPU facts) for `--gpu NAME`."""
+    """(calibration, the file's GPU facts) for `--gpu NAME`, the file checked (`check`)."""
     path = FOLDER / KNOWN[name]
     data = path.read_bytes()
-    document = json.loads(data)
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise cli.UsageError(f"{path}: not JSON ({exc})") from None
+    check(document, path)
     calibration = trace_prediction.Calibration(
         templates={
             key: [trace_prediction.template_step(step) for step in entry["template"]]
@@ -316,6 +351,7 @@ def build_command(argv: list[str] | None) -> int:
         "made_from": f"{cited}: {len(documents)} traced workloads, probed on the GPU",
         **{k: v for k, v in build(documents).items() if k != "schema"},
     }
+    check(content, output, whole=True)  # nothing written otherwise
     try:
         cli.write_new(output, (json.dumps(content, indent=1) + "\n").encode())
     except FileExistsError:
