@@ -170,3 +170,33 @@ def test_what_the_lab_does_not_load_is_one_line_and_exit_2(
     [line] = err.splitlines()
     assert said in line, line
     assert line.startswith("own_model.py: error: "), line
+
+
+def test_the_checkpoint_a_trace_loads_is_not_made_in_the_hosts_memory(tmp_path):
+    """The zeros checkpoint a 4-bit load reads is fake in a trace: Llama 3.2 1B's, 2.5 GB in
+    bfloat16, would otherwise be made for real on the machine that predicts (an 8B's took
+    16 GB, a 70B's would not fit). The estimating process stays well under its size."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    path = ROOT / "tests" / "data" / "hf-configs" / "llama-3.2-1b.json"
+    program = (
+        "import resource, sys\n"
+        "from pipeline.measuring import own_model\n"
+        "code = own_model.main(sys.argv[1:])\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    argv = ["estimate", "--hf-config", str(path), "--task", "inference", "--load-in-4bit",
+            "--bnb-4bit-compute-dtype", "bfloat16", "--dtype", "bfloat16", "--batch", "1",
+            "--dim", "sequence=64", "--warmup", "1", "--repeats", "1"]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    peak_kib = int(result.stderr.strip().splitlines()[-1])  # Linux: kibibytes
+    checkpoint = 1_235_814_400 * 2  # its parameters, untied, in bfloat16
+    assert peak_kib * 1024 < checkpoint / 2, peak_kib

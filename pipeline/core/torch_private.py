@@ -51,6 +51,10 @@ REEXPORTED = {
         "torch._subclasses.fake_tensor",
         "leaves the fake mode for a moment: random operators' output shapes from meta",
     ),
+    "_disable_current_modes": (
+        "torch.utils._python_dispatch",
+        "every dispatch mode off for a moment: a host tensor's fake body, made unrecorded",
+    ),
     "TorchDispatchMode": (
         "torch.utils._python_dispatch",
         "the recorder's base class: it sees every operator call, after autograd",

@@ -47,6 +47,12 @@ followed here:
   shape are kept and read back for a layer of that shape; the nested offset a fake tensor
   cannot say (`.item()`) is written as 0.0, the mean of a zero checkpoint's absmax.
 
+Both loads read a checkpoint the lab makes of zeros on the host (`hf_model.host_zeros`): here
+each of its tensors is a fake tensor of the host (a shape, a dtype, no bytes): its values
+change no block, and a 70B model's would not fit the memory of the machine that predicts. The
+host's own work on them (a quantisation on the host, to make a quantized checkpoint) is then
+shapes only too.
+
 Nothing is installed where bitsandbytes is not imported already (a workload that loads in 4
 bits imports it, and transformers' modeling_utils, before its trace). The first three only in
 a trace whose device is meta, the first two only where modeling_utils is imported; the last
@@ -99,6 +105,9 @@ def install(torch, recorder, notes: dict, on_meta: bool):
     if bnb is None:
         return lambda: None
     undo = [torch_private.wrap_make_subclass(torch, _fake_parameters(torch))]
+    workload = sys.modules.get("pipeline.workloads.hf_model")
+    if workload is not None:
+        undo.append(_replace(workload, "host_zeros", _fake_host_zeros(recorder.tracer.fake)))
     functional = sys.modules.get("bitsandbytes.functional")
     if functional is not None:
         undo.append(_fresh_maps(functional.name2qmap))
@@ -143,6 +152,20 @@ def _replace(owner, name: str, value):
 
     setattr(owner, name, value)
     return undo
+
+
+def _fake_host_zeros(fake_mode):
+    """host_zeros as a fake tensor of the host: a meta tensor of that shape, wrapped as the
+    fake mode wraps its own, its device the CPU."""
+    fake = torch_private.FakeTensor
+
+    def host_zeros(torch, shape, dtype):
+        # made with every mode off: the trace's recorder would take a meta tensor for the GPU's
+        with torch_private._disable_current_modes():
+            empty = torch.empty(shape, dtype=dtype, device="meta")
+        return fake(fake_mode, empty, torch.device("cpu"))
+
+    return host_zeros
 
 
 def _inline_pool(notes: dict):

@@ -675,14 +675,21 @@ def zeros_checkpoint(torch, model_class, settings, dtype) -> dict:
             stack.enter_context(context)
         skeleton = model_class(settings)
     tied = set(getattr(skeleton, "all_tied_weights_keys", None) or ())
-    # zeros, not torch.empty: memory left uninitialised can hold NaNs, which change no block
-    # but make a float16 GradScaler skip the step (seen on a GPU: a QLoRA --fp16 run); a zero
-    # model's loss and gradients are finite
     return {
-        name: torch.zeros(tensor.shape, dtype=tensor.dtype, device="cpu")
+        name: host_zeros(torch, tensor.shape, tensor.dtype)
         for name, tensor in skeleton.state_dict(keep_vars=True).items()
         if name not in tied
     }
+
+
+def host_zeros(torch, shape, dtype):
+    """A checkpoint's tensor on the host, zeros. Zeros, not torch.empty: memory left
+    uninitialised can hold NaNs, which change no block but make a float16 GradScaler skip the
+    step (seen on a GPU: a QLoRA --fp16 run); a zero model's loss and gradients are finite. A
+    trace makes it a fake tensor of the host instead (predicting/quantized_load.py): a
+    checkpoint of a 70B model would not fit the host's memory, and its values change no
+    block."""
+    return torch.zeros(shape, dtype=dtype, device="cpu")
 
 
 def from_checkpoint(transformers, model_class, settings, checkpoint, device, dtype, quantization):
