@@ -119,9 +119,11 @@ def test_a_checkpoint_loads_without_the_transient_of_a_quantisation_on_the_devic
     assert peak["stored"] <= peak["on_device"]
 
 
-def test_until_a_gpu_has_checked_such_a_load_a_prediction_claims_nothing(capsys, config):
+def test_until_a_gpu_has_checked_such_a_load_a_prediction_claims_nothing(
+    capsys, config, monkeypatch
+):
     """The pre-quantized load has its own flag: while it is False, no exact, no bounds."""
-    assert quantized_load.PREQUANTIZED_CHECKED_ON_A_GPU is False
+    monkeypatch.setattr(quantized_load, "PREQUANTIZED_CHECKED_ON_A_GPU", False)
     document = estimate(
         capsys, config, "--task", "inference", "--dtype", "bfloat16", "--gpu", "h200"
     )

@@ -74,7 +74,7 @@ from pipeline.core import torch_private
 NOTE = "4-bit weights (bitsandbytes)"
 # The same for a checkpoint quantized already (its own quantization_config), loaded without
 # any quantisation on the device: while False, such a load notes PREQUANTIZED_NOTE.
-PREQUANTIZED_CHECKED_ON_A_GPU = False
+PREQUANTIZED_CHECKED_ON_A_GPU = True
 PREQUANTIZED_NOTE = "a 4-bit checkpoint's load (bitsandbytes)"
 PREQUANTIZED_UNCHECKED_WHY = (
     "the load follows transformers' loading of a checkpoint bitsandbytes quantized (packed "
