@@ -24,7 +24,7 @@ pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 from bitsandbytes import functional as bnb_functional  # noqa: E402
 
-from pipeline.predicting import quantized_load  # noqa: E402
+from pipeline.predicting import from_pretrained, quantized_load  # noqa: E402
 
 # BitsAndBytesConfig(load_in_4bit=True, nf4, double quantisation, bfloat16).to_dict(), as
 # save_pretrained writes it into config.json
@@ -129,7 +129,7 @@ def test_until_a_gpu_has_checked_such_a_load_a_prediction_claims_nothing(
     )
     unknown = {u["op"]: u["why"] for u in document["prediction"]["unknown"]}
     assert unknown[quantized_load.PREQUANTIZED_NOTE] == quantized_load.PREQUANTIZED_UNCHECKED_WHY
-    assert quantized_load.LOAD_THREADS in unknown
+    assert from_pretrained.LOAD_THREADS in unknown
     assert document["prediction"]["status"] == "approximate"
     assert "bounds" not in document["prediction"]
 
@@ -141,7 +141,7 @@ def test_once_checked_the_loader_threads_leave_bounds_but_no_exact(capsys, confi
     )
     unknown = {u["op"] for u in document["prediction"]["unknown"]}
     assert quantized_load.PREQUANTIZED_NOTE not in unknown
-    assert quantized_load.LOAD_THREADS in unknown
+    assert from_pretrained.LOAD_THREADS in unknown
     assert document["prediction"]["status"] == "approximate"
     assert "bounds" in document["prediction"]
 

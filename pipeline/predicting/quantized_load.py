@@ -1,21 +1,11 @@
 """A model loaded in 4 bits by transformers' from_pretrained (bitsandbytes' Params4bit), traced
-without a GPU: the meta device stands for the GPU, so what from_pretrained does only for a
-GPU is done here as a GPU does it.
+without a GPU: the meta device stands for the GPU, so what bitsandbytes does only for a GPU
+is done here as a GPU does it. from_pretrained's own steps (its skeleton, the allocator
+warm-up, the loader's threads) are from_pretrained.py's.
 
 Read in transformers 5.23 (modeling_utils.py, integrations/bitsandbytes.py) and bitsandbytes
 0.50.2 (nn/modules.py, functional.py, _ops.py):
 
-- The skeleton. from_pretrained builds the model under `PreTrainedModel.get_init_context`
-  (`torch.device("meta")` among its contexts): tensors without memory, which the loaded
-  weights then replace. In a trace whose device is meta they would be taken for the GPU's
-  blocks: what is made inside those contexts is not recorded (`skeleton`).
-- The warm-up. Before loading, `caching_allocator_warmup` asks the GPU for one float16 tensor
-  of the bytes the model will hold there (`get_total_byte_count`: a 4-bit weight at half a
-  byte a value), dropped at once, so that the caching allocator keeps the segment and splits
-  the weights out of it. It skips every device but an accelerator, meta included: here it
-  runs as on CUDA. In a fresh process nothing is reserved before the load, so the whole
-  count is asked (`unused_memory` 0); the cap of the GPU's memory less 1.2 GiB is not
-  applied (no model the lab loads in 4 bits comes near it).
 - The quantisation. `Params4bit.to(device)` quantises a weight the first time it is moved to
   any device but meta (`_quantize`: `functional.quantize_4bit`, whose operators have fake
   kernels in _ops.py); on meta it is moved unquantised. Here meta is the GPU: it quantises.
@@ -32,14 +22,6 @@ Read in transformers 5.23 (modeling_utils.py, integrations/bitsandbytes.py) and 
 A checkpoint quantized already (its config's quantization_config) is loaded another way, also
 followed here:
 
-- The loader's threads. For such a checkpoint (and any without on-the-fly quantisation)
-  transformers copies every tensor of the file to the device on a pool of 4 threads, all
-  submitted at once (core_model_loading: `spawn_materialize`), while the main thread converts
-  them as they come. A fake tensor's mode cannot run on several threads: here each copy is
-  made when it is submitted, in the file's order, as threads that run ahead of the main
-  thread make them. On a GPU the threads may interleave in other orders: the trace notes
-  LOAD_THREADS, which withholds "exact" (the bounds stay: the tensors are the same, only
-  when their small blocks come and go differs).
 - The packed quantisation state. `QuantState.as_dict(packed=True)` (what save_pretrained
   writes) packs its non-tensor fields as JSON bytes in a uint8 tensor, one 512-byte block on
   the device (a few hundred bytes whatever its digits); `from_prequantized` reads them back
@@ -54,9 +36,8 @@ host's own work on them (a quantisation on the host, to make a quantized checkpo
 shapes only too.
 
 Nothing is installed where bitsandbytes is not imported already (a workload that loads in 4
-bits imports it, and transformers' modeling_utils, before its trace). The first three only in
-a trace whose device is meta, the first two only where modeling_utils is imported; the last
-two in every trace.
+bits imports it before its trace). The quantisation on meta only in a trace whose device is
+meta; the rest in every trace.
 A trace that quantised a weight notes NOTE while CHECKED_ON_A_GPU is False, which withholds
 "exact" and the bounds (trace_prediction.boundable).
 
@@ -65,9 +46,7 @@ Standard library and torch_private only (torch is passed in).
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import weakref
 
 from pipeline.core import torch_private
 
@@ -80,11 +59,6 @@ PREQUANTIZED_UNCHECKED_WHY = (
     "the load follows transformers' loading of a checkpoint bitsandbytes quantized (packed "
     "weights and quantisation state copied as they are) and has not yet been held against a "
     "GPU's measurement: the central figure follows it, no bounds are claimed"
-)
-LOAD_THREADS = "transformers' loader threads"
-LOAD_THREADS_WHY = (
-    "transformers copies a checkpoint's tensors to the device on 4 threads: the order of "
-    "their small blocks is the threads', the trace's is the file's"
 )
 # Whether a GPU's measurements of models loaded in 4 bits have been held against predictions
 # traced this way (they have: the evidence page says where). While False, a trace that
@@ -113,29 +87,12 @@ def install(torch, recorder, notes: dict, on_meta: bool):
         undo.append(_fresh_maps(functional.name2qmap))
     if functional is not None:
         undo += _packed_states(torch, functional, bnb.Params4bit, notes)
-    loading = sys.modules.get("transformers.core_model_loading")
-    if loading is not None:
-        undo.append(_replace(loading, "ThreadPoolExecutor", _inline_pool(notes)))
-    utils = sys.modules.get("transformers.modeling_utils")
-    if on_meta and utils is not None:
-        undo += [
-            _replace(
-                utils.PreTrainedModel, "get_init_context", _skeleton_contexts(utils, recorder)
-            ),
-            _replace(utils, "caching_allocator_warmup", _warmup_as_on_a_gpu(torch, utils)),
-        ]
     if on_meta:
         undo.append(_replace(bnb.Params4bit, "to", _quantised_on_meta(torch, bnb, notes)))
-
-    checked = recorder.__dict__.get("on_target")
 
     def restore():
         while undo:
             undo.pop()()
-        if checked is None:
-            recorder.__dict__.pop("on_target", None)
-        else:
-            recorder.on_target = checked
 
     return restore
 
@@ -166,26 +123,6 @@ def _fake_host_zeros(fake_mode):
         return fake(fake_mode, empty, torch.device("cpu"))
 
     return host_zeros
-
-
-def _inline_pool(notes: dict):
-    """A ThreadPoolExecutor whose jobs run when submitted, on the calling thread."""
-    from concurrent.futures import Future
-
-    class InlinePool:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def submit(self, job, *args, **kwargs):
-            notes.setdefault(LOAD_THREADS, LOAD_THREADS_WHY)
-            future = Future()
-            future.set_result(job(*args, **kwargs))
-            return future
-
-        def shutdown(self, *args, **kwargs):
-            pass
-
-    return InlinePool
 
 
 class _ZeroOffset:
@@ -284,63 +221,6 @@ def _fake_parameters(torch):
         return original(cls, data, require_grad, **kwargs)
 
     return make
-
-
-def _skeleton_contexts(utils, recorder):
-    """get_init_context with one more context last: what is made inside it is the skeleton's.
-    Its storages stay off the trace for their whole life (transformers detaches them again
-    when it lists the model's keys, outside the contexts): each is remembered by its key until
-    it dies (a weak reference's callback), and the recorder's on_target answers no for it."""
-    original = utils.PreTrainedModel.__dict__["get_init_context"].__func__
-    skeleton: dict = {}  # storage key -> a weak reference that forgets it when it dies
-    device_check = recorder.on_target
-
-    def remembered(tensor) -> bool:
-        storage = tensor.untyped_storage()
-        key = torch_private.storage_key(storage)
-        if key not in skeleton:
-            skeleton[key] = weakref.ref(storage, lambda _, key=key: skeleton.pop(key, None))
-        return False
-
-    def outside(tensor) -> bool:
-        return device_check(tensor) and (
-            not skeleton or torch_private.storage_key(tensor.untyped_storage()) not in skeleton
-        )
-
-    @contextlib.contextmanager
-    def skeleton_context():
-        recorder.on_target = remembered
-        try:
-            yield
-        finally:
-            recorder.on_target = outside
-
-    def get_init_context(cls, *args, **kwargs):
-        contexts = original(cls, *args, **kwargs)
-        # a list of context managers, entered in order: the skeleton's last
-        return [*contexts, skeleton_context()]
-
-    return classmethod(get_init_context)
-
-
-def _warmup_as_on_a_gpu(torch, utils):
-    original = utils.caching_allocator_warmup
-
-    def caching_allocator_warmup(model, expanded_device_map: dict, hf_quantizer):
-        on_meta = {
-            name: torch.device(device)
-            for name, device in expanded_device_map.items()
-            if device != "disk" and torch.device(device).type == "meta"
-        }
-        if not on_meta:
-            return original(model, expanded_device_map, hf_quantizer)
-        for device, byte_count in utils.get_total_byte_count(model, on_meta, hf_quantizer).items():
-            # as modeling_utils divides it: float16 elements, two bytes each
-            _ = torch.empty(int(byte_count // 2), dtype=torch.float16, device=device)
-            del _
-        return None
-
-    return caching_allocator_warmup
 
 
 def _quantised_on_meta(torch, bnb, notes: dict):

@@ -52,6 +52,7 @@ from pipeline.predicting import (
     cublas_operands,
     cudnn_rnn,
     fast_paths,
+    from_pretrained,
     fused_cells,
     fused_dropout,
     fused_optimizers,
@@ -569,6 +570,11 @@ class Tracer:
                 self._undo.append(torch_private.quicker_cache_keys(self.torch))
                 self._undo.append(fused_cells.add_fake_kernels(self.torch))
                 self._undo.append(module_conversion.install(self.torch, self))
+                self._undo.append(
+                    from_pretrained.install(
+                        self.torch, self.recorder, self.trace.notes, self.trace.device == "meta"
+                    )
+                )
                 self._undo.append(
                     quantized_load.install(
                         self.torch, self.recorder, self.trace.notes, self.trace.device == "meta"
@@ -2810,7 +2816,7 @@ def boundable(entry: dict) -> bool:
     op, why = entry["op"], entry["why"]
     return (
         why.startswith(UNCALIBRATED)
-        or op in (ADDRESS_ORDER, UNSEEN, AUTOGRAD_THREAD, quantized_load.LOAD_THREADS)
+        or op in (ADDRESS_ORDER, UNSEEN, AUTOGRAD_THREAD, from_pretrained.LOAD_THREADS)
         or (op in VALUE_DEPENDENT and why == VALUE_DEPENDENT[op][1])
     )
 

@@ -1,0 +1,83 @@
+"""A user's own workload file that loads its model with transformers' from_pretrained onto
+the device, traced without a GPU (predicting/from_pretrained.py): the skeleton is no memory,
+the weights are the device's blocks from model_load on, copied as the loader's threads copy
+them (one at a time here, and said so).
+
+The oracle is a real load: the same checkpoint loaded by from_pretrained on the CPU, every
+tensor it holds counted in the caching allocator's blocks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.core import allocator_model
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from pipeline.predicting import from_pretrained  # noqa: E402
+
+WORKLOAD = """
+import torch
+import transformers
+
+
+def infer(config, *, sequence=16):
+    from own_model import Workload
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        {folder!r}, dtype=config.dtype, device_map=config.device
+    )
+    make_inputs = lambda: {{
+        "input_ids": torch.zeros(config.batch, sequence, dtype=torch.long, device=config.device)
+    }}
+    return Workload(model.eval(), make_inputs)
+"""
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A small Llama saved by save_pretrained (safetensors), and a workload file loading it."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    settings = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    transformers.logging.disable_progress_bar()
+    transformers.LlamaForCausalLM(settings).save_pretrained(folder / "model")
+    transformers.logging.enable_progress_bar()
+    path = folder / "user.py"
+    path.write_text(WORKLOAD.format(folder=str(folder / "model")))
+    return folder, path
+
+
+def held_blocks(model) -> int:
+    tensors = [*model.parameters(), *model.buffers()]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(allocator_model.block_bytes(n) for n in storages.values() if n)
+
+
+def test_a_users_from_pretrained_holds_the_weights_the_real_load_holds(saved):
+    """In a fresh process, as a user runs it: transformers imports its loader lazily, at the
+    first from_pretrained, inside the trace."""
+    from conftest import run_script
+
+    folder, path = saved
+    result = run_script(
+        "own_model.py", "estimate", "--workload", f"{path}:infer", "--batch", "2",
+        "--dtype", "bfloat16", "--gpu", "h200", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    load = next(r for r in document["prediction"]["phases"] if r["phase"] == "model_load")
+    real = transformers.AutoModelForCausalLM.from_pretrained(
+        folder / "model", dtype=torch.bfloat16, device_map="cpu"
+    )
+    assert load["allocated_bytes"] == held_blocks(real)
+    unknown = {u["op"] for u in document["prediction"]["unknown"]}
+    assert from_pretrained.LOAD_THREADS in unknown  # never exact: the threads' order
+    assert not any("outside the dispatcher" in u for u in unknown), unknown
+    assert document["prediction"]["status"] == "approximate"
