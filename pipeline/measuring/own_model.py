@@ -770,10 +770,11 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
     steps = 1 + args.warmup + args.repeats
     budget = getattr(args, "layer_pass_budget", None) or hf_model.hf_config.LAYER_PASS_BUDGET
     given_hf = given + [(name, value) for name, value in options.items() if value is not None]
+    config = hf_model.read_config(path)
     four_bit = hf_model.four_bit_recipe(
         task,
         getattr(args, "load_in_4bit", False),
-        hf_model.stored_quantization(hf_model.read_config(path), path),
+        hf_model.stored_quantization(config, path),
         quant_type=getattr(args, "bnb_4bit_quant_type", None),
         use_double_quant=getattr(args, "bnb_4bit_use_double_quant", None),
         compute_dtype=getattr(args, "bnb_4bit_compute_dtype", None),
@@ -786,7 +787,15 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
         **four_bit,
     )
     file, named = hf_model.workload_file(
-        path, task, args.gradient_checkpointing, args.batch, given_hf, steps, budget, recipe
+        path,
+        task,
+        args.gradient_checkpointing,
+        args.batch,
+        given_hf,
+        steps,
+        budget,
+        recipe,
+        config,
     )
     given += [(name, value) for name, value in options.items() if value is not None]
     dtype = args.dtype or named or DEFAULTS["dtype"]

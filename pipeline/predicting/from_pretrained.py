@@ -56,14 +56,12 @@ def install(torch, recorder, notes: dict, on_meta: bool):
         importlib.import_module("transformers.core_model_loading")
     loading = sys.modules.get("transformers.core_model_loading")
     if loading is not None:
-        undo.append(_replace(loading, "ThreadPoolExecutor", _inline_pool(notes)))
+        undo.append(replace(loading, "ThreadPoolExecutor", _inline_pool(notes)))
     utils = sys.modules.get("transformers.modeling_utils")
     if on_meta and utils is not None:
         undo += [
-            _replace(
-                utils.PreTrainedModel, "get_init_context", _skeleton_contexts(utils, recorder)
-            ),
-            _replace(utils, "caching_allocator_warmup", _warmup_as_on_a_gpu(torch, utils)),
+            replace(utils.PreTrainedModel, "get_init_context", _skeleton_contexts(utils, recorder)),
+            replace(utils, "caching_allocator_warmup", _warmup_as_on_a_gpu(torch, utils)),
         ]
     checked = recorder.__dict__.get("on_target")
 
@@ -78,7 +76,9 @@ def install(torch, recorder, notes: dict, on_meta: bool):
     return restore
 
 
-def _replace(owner, name: str, value):
+def replace(owner, name: str, value):
+    """owner.name set to value for the trace's time; returns the undo (what owner's own
+    __dict__ held, or nothing)."""
     had = name in owner.__dict__
     original = owner.__dict__.get(name)
 

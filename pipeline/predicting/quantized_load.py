@@ -41,7 +41,7 @@ meta; the rest in every trace.
 A trace that quantised a weight notes NOTE while CHECKED_ON_A_GPU is False, which withholds
 "exact" and the bounds (trace_prediction.boundable).
 
-Standard library and torch_private only (torch is passed in).
+Standard library, torch_private and from_pretrained's `replace` only (torch is passed in).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from __future__ import annotations
 import sys
 
 from pipeline.core import torch_private
+from pipeline.predicting.from_pretrained import replace
 
 NOTE = "4-bit weights (bitsandbytes)"
 # The same for a checkpoint quantized already (its own quantization_config), loaded without
@@ -81,34 +82,19 @@ def install(torch, recorder, notes: dict, on_meta: bool):
     undo = [torch_private.wrap_make_subclass(torch, _fake_parameters(torch))]
     workload = sys.modules.get("pipeline.workloads.hf_model")
     if workload is not None:
-        undo.append(_replace(workload, "host_zeros", _fake_host_zeros(recorder.tracer.fake)))
+        undo.append(replace(workload, "host_zeros", _fake_host_zeros(recorder.tracer.fake)))
     functional = sys.modules.get("bitsandbytes.functional")
     if functional is not None:
         undo.append(_fresh_maps(functional.name2qmap))
-    if functional is not None:
         undo += _packed_states(torch, functional, bnb.Params4bit, notes)
     if on_meta:
-        undo.append(_replace(bnb.Params4bit, "to", _quantised_on_meta(torch, bnb, notes)))
+        undo.append(replace(bnb.Params4bit, "to", _quantised_on_meta(torch, bnb, notes)))
 
     def restore():
         while undo:
             undo.pop()()
 
     return restore
-
-
-def _replace(owner, name: str, value):
-    had = name in owner.__dict__
-    original = owner.__dict__.get(name)
-
-    def undo():
-        if had:
-            setattr(owner, name, original)
-        else:
-            delattr(owner, name)
-
-    setattr(owner, name, value)
-    return undo
 
 
 def _fake_host_zeros(fake_mode):
@@ -176,9 +162,9 @@ def _packed_states(torch, functional, params, notes: dict):
         return original_from(cls, data, quantized_stats, *args, module=module, **kwargs)
 
     return [
-        _replace(state, "as_dict", as_dict),
-        _replace(functional, "pack_dict_to_tensor", pack_dict_to_tensor),
-        _replace(params, "from_prequantized", classmethod(from_prequantized)),
+        replace(state, "as_dict", as_dict),
+        replace(functional, "pack_dict_to_tensor", pack_dict_to_tensor),
+        replace(params, "from_prequantized", classmethod(from_prequantized)),
     ]
 
 

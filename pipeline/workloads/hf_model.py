@@ -501,12 +501,14 @@ def workload_file(
     steps: int = 1,
     budget: int = hf_config.LAYER_PASS_BUDGET,
     recipe: Recipe = Recipe(),
+    config: dict | None = None,
 ) -> tuple[WorkloadFile, str | None]:
     """A WorkloadFile for a config.json, named and hashed by the config's bytes; and the dtype
     the config names (`dtype`, or `torch_dtype` as older files say), which transformers
     builds the model in when it is given none, or None. Refused up front: a trace of `steps`
     steps with the dimensions `given` (--dim, --new-tokens, --lora-rank) over the budget
-    (hf_config.over_budget), and a LoRA rank over the model's width."""
+    (hf_config.over_budget), and a LoRA rank over the model's width. `config`: the file as
+    read_config read it, where the caller has read it already."""
     if checkpointing and task == "qlora":
         raise cli.UsageError(
             "--gradient-checkpointing with --task qlora: it is on already "
@@ -517,7 +519,7 @@ def workload_file(
             f"--gradient-checkpointing goes with --task training or lora: {task} keeps no "
             "activations for a backward pass"
         )
-    config = read_config(path)
+    config = read_config(path) if config is None else config  # read_config's, read once
     kind, built = check(config, task, path, batch)
     check_recipe(recipe, task)
     dims = {**dimensions(task, kind, config), **dict(given)}
