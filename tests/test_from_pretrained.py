@@ -81,3 +81,40 @@ def test_a_users_from_pretrained_holds_the_weights_the_real_load_holds(saved):
     assert from_pretrained.LOAD_THREADS in unknown  # never exact: the threads' order
     assert not any("outside the dispatcher" in u for u in unknown), unknown
     assert document["prediction"]["status"] == "approximate"
+
+
+@pytest.mark.gpu
+def test_a_users_from_pretrained_measured_on_a_gpu_is_what_the_trace_said(saved, tmp_path):
+    """The same file measured on the GPU: the load's blocks equal the GPU-free estimate's to
+    the byte, the measurement's own prediction (traced beside the GPU) is honest, and the
+    estimate's bounds hold on every peak of every phase."""
+    from conftest import run_script
+    from test_gpu_own_model import honest
+
+    from pipeline.artefacts import validate
+
+    _, path = saved
+    options = ["--workload", f"{path}:infer", "--batch", "2", "--dtype", "bfloat16"]
+    estimated = run_script("own_model.py", "estimate", *options, "--gpu", "h200", "--json")
+    assert estimated.returncode == 0, estimated.stderr[-2000:]
+    prediction = json.loads(estimated.stdout)["prediction"]
+    output = tmp_path / "m.json"
+    result = run_script(
+        "own_model.py", "measure", *options, "--device", "cuda:0", "--output", str(output)
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(output.read_text())
+    assert validate.validate_document(document, validate.load_registry()) == []
+    honest(document)
+
+    def key(row):
+        return row["phase"], row.get("repetition")
+
+    measured = {key(row): row for row in document["phases"]}
+    assert measured["model_load", None]["allocated_bytes"] == next(
+        r["allocated_bytes"] for r in prediction["phases"] if r["phase"] == "model_load"
+    )
+    for row in prediction["bounds"]["phases"]:
+        for name in ("peak_allocated_bytes", "peak_reserved_bytes"):
+            bound = row[name]
+            assert bound["lower"] <= measured[key(row)][name] <= bound["upper"], (row, name)

@@ -159,7 +159,10 @@ def test_once_checked_the_loader_threads_leave_bounds_but_no_exact(capsys, confi
          "quantization_config's bnb_4bit_quant_type 'int4' is not modelled"),
         ({"load_in_4bit": False, "_load_in_4bit": False, "load_in_8bit": True}, [],
          "a quantized model (quantization_config: bitsandbytes) is not modelled: the lab "
-         "loads bitsandbytes' 4-bit checkpoints (load_in_4bit); bitsandbytes' 8-bit"),
+         "loads bitsandbytes' 4-bit checkpoints (load_in_4bit); an 8-bit checkpoint's own "
+         "load is not modelled: remove quantization_config from a copy of the file and give "
+         "--load-in-8bit"),
+        ({}, ["--load-in-8bit"], "--load-in-8bit: the config's quantization_config says how"),
     ],
 )  # fmt: skip
 def test_what_the_lab_does_not_load_is_one_line_and_exit_2(

@@ -779,11 +779,18 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
         use_double_quant=getattr(args, "bnb_4bit_use_double_quant", None),
         compute_dtype=getattr(args, "bnb_4bit_compute_dtype", None),
     )
+    eight = getattr(args, "load_in_8bit", False)
+    if eight and four_bit.get("prequantized"):
+        raise cli.UsageError(
+            "--load-in-8bit: the config's quantization_config says how its checkpoint is "
+            "quantized (bitsandbytes, 4 bits): the model is loaded as it says"
+        )
     recipe = hf_model.Recipe(
         optim=getattr(args, "optim", None),
         gradient_accumulation_steps=getattr(args, "gradient_accumulation_steps", 1),
         bf16=getattr(args, "bf16", False),
         fp16=getattr(args, "fp16", False),
+        load_in_8bit=eight,
         **four_bit,
     )
     file, named = hf_model.workload_file(
@@ -817,8 +824,9 @@ def recipe_flags(args) -> list[str]:
     if getattr(args, "gradient_accumulation_steps", 1) != 1:
         flags += ["--gradient-accumulation-steps", str(args.gradient_accumulation_steps)]
     flags += [f"--{name}" for name in ("bf16", "fp16") if getattr(args, name, False)]
-    if getattr(args, "load_in_4bit", False):
-        flags.append("--load-in-4bit")
+    flags += [
+        f"--load-in-{bits}bit" for bits in (4, 8) if getattr(args, f"load_in_{bits}bit", False)
+    ]
     for name in ("quant_type", "compute_dtype"):
         if (value := getattr(args, f"bnb_4bit_{name}", None)) is not None:
             flags += [f"--bnb-4bit-{name.replace('_', '-')}", value]
@@ -1106,6 +1114,12 @@ def add_hf_options(parser) -> None:
         action="store_true",
         help="load the model in 4 bits with bitsandbytes, as from_pretrained does "
         "(inference, generate, lora)",
+    )
+    parser.add_argument(
+        "--load-in-8bit",
+        action="store_true",
+        help="load the model in 8 bits with bitsandbytes (LLM.int8, its outlier threshold "
+        "6.0), as from_pretrained does (inference, generate, lora)",
     )
     parser.add_argument(
         "--bnb-4bit-quant-type",

@@ -35,17 +35,20 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
+import importlib.util
 import itertools
 import math
 import os
 import random
 import re
+import sys
 import weakref
 
 from pipeline.core import allocator_model, call_keys, phase_protocol, torch_private
 from pipeline.core.prediction_status import PEAK_KEYS, PredictionStatus
 from pipeline.predicting import (
     autocast_policy,
+    bnb_int8,
     bnb_kernels,
     bnb_optimizers,
     ctc_loss,
@@ -58,6 +61,7 @@ from pipeline.predicting import (
     fused_optimizers,
     grad_scaler,
     kernel_formulas,
+    late_imports,
     loss_outputs,
     module_conversion,
     nll_loss,
@@ -575,12 +579,13 @@ class Tracer:
                         self.torch, self.recorder, self.trace.notes, self.trace.device == "meta"
                     )
                 )
-                self._undo.append(
-                    quantized_load.install(
-                        self.torch, self.recorder, self.trace.notes, self.trace.device == "meta"
+                if "bitsandbytes.nn.modules" in sys.modules:
+                    self._install_bitsandbytes()
+                elif importlib.util.find_spec("bitsandbytes") is not None:
+                    # imported by transformers inside the trace (a BitsAndBytesConfig)
+                    self._undo.append(
+                        late_imports.after_import("bitsandbytes", self._install_bitsandbytes)
                     )
-                )
-                self._undo.append(bnb_kernels.install(self.torch, self._gpu_props()))
                 self._undo.append(packed_positions.install(self.torch))
                 self._undo.append(loss_outputs.add_fake_kernels(self.torch, self.fake))
                 if self.target is not None and self.target.cudnn() is not None:
@@ -593,6 +598,16 @@ class Tracer:
             self.__exit__()
             raise
         return self
+
+    def _install_bitsandbytes(self) -> None:
+        """bitsandbytes' load and kernels as a GPU runs them (quantized_load, bnb_kernels,
+        bnb_int8), for the rest of the trace."""
+        on_meta = self.trace.device == "meta"
+        self._undo.append(
+            quantized_load.install(self.torch, self.recorder, self.trace.notes, on_meta)
+        )
+        self._undo.append(bnb_kernels.install(self.torch, self._gpu_props()))
+        self._undo.append(bnb_int8.install(self.torch, self.recorder, self.trace.notes, on_meta))
 
     def __exit__(self, *exc) -> None:
         """Modes left and torch's functions restored, in reverse order, whatever happened."""
@@ -1726,6 +1741,23 @@ def make_recorder(torch):
                 return None
             return weakref.ref(storage, lambda _, key=key: self.reported.append(key))
 
+        def at_most(self, blocks: tuple, held_by=None) -> int:
+            """Blocks a GPU may take here that the trace does not make, their sizes set by
+            values it does not have: the most replay alone allocates them, and frees them
+            with `held_by`'s storage (never, where it is not the device's), or at
+            at_most_end(the token returned)."""
+            self.poll()
+            token = next(self.ids)
+            sid = None
+            if held_by is not None:
+                entry = self.live.get(torch_private.storage_key(held_by.untyped_storage()))
+                sid = -1 if entry is None else entry[2]
+            self.events.append(("most", token, tuple(blocks), sid))
+            return token
+
+        def at_most_end(self, token: int) -> None:
+            self.events.append(("most_end", token))
+
         def unseen(self, tensor, name: str) -> None:
             """A device storage no operator returned (made outside the dispatcher): allocated
             now, as far as the trace knows."""
@@ -2558,6 +2590,7 @@ def replay(
         deallocate(block)
 
     sharing: dict = {}  # id of a (block, bytes) entry -> storages that share it, where several
+    tied: dict = {}  # a storage id, or an at_most token -> the blocks the most replay added
 
     def release(entry: tuple, what: str) -> None:
         """A storage's end: its block is freed with the last storage that shares it."""
@@ -2590,6 +2623,15 @@ def replay(
             entry = blocks.pop(event[1], None)
             if entry is not None:
                 release(entry, "storage")
+            for block, nbytes in reversed(tied.pop(event[1], ())):
+                free(block, nbytes, "at most")
+        elif kind == "most":  # the most replay's alone (Recorder.at_most)
+            if scenario is not None and scenario.upper:
+                held = [(malloc(nbytes, "at most"), nbytes) for nbytes in event[2] if nbytes]
+                tied.setdefault(event[1] if event[3] is None else event[3], []).extend(held)
+        elif kind == "most_end":
+            for block, nbytes in reversed(tied.pop(event[1], ())):
+                free(block, nbytes, "at most")
         elif kind == "unseen":
             blocks[event[1]] = (malloc(event[2], "unseen storage"), event[2])
         elif kind == "resize":
@@ -2817,6 +2859,7 @@ def boundable(entry: dict) -> bool:
     return (
         why.startswith(UNCALIBRATED)
         or op in (ADDRESS_ORDER, UNSEEN, AUTOGRAD_THREAD, from_pretrained.LOAD_THREADS)
+        or op == bnb_int8.OUTLIERS  # its most: Recorder.at_most's blocks
         or (op in VALUE_DEPENDENT and why == VALUE_DEPENDENT[op][1])
     )
 

@@ -106,6 +106,7 @@ class Recipe:
     bnb_4bit_compute_dtype: str = FOUR_BIT_DEFAULTS["compute_dtype"]
     # the 4-bit load is a checkpoint's own: its config's quantization_config says it
     prequantized: bool = False
+    load_in_8bit: bool = False  # LLM.int8, at BitsAndBytesConfig's defaults
 
     def given(self) -> dict:
         """The options that differ from the lab's own step (what a run records)."""
@@ -116,7 +117,9 @@ class Recipe:
         }
 
     def quantization(self) -> dict | None:
-        """BitsAndBytesConfig's arguments, or None where the model is not loaded in 4 bits."""
+        """BitsAndBytesConfig's arguments, or None where the model is not quantized."""
+        if self.load_in_8bit:
+            return {"load_in_8bit": True}
         if not self.load_in_4bit:
             return None
         return {
@@ -166,8 +169,21 @@ def check_recipe(recipe: Recipe, task: str) -> None:
     if trainer and task not in TRAINED:
         options = ", ".join("--" + name.replace("_", "-") for name in trainer)
         raise cli.UsageError(f"{options}: a Trainer's options, for --task training, lora or qlora")
-    if recipe.load_in_4bit:
+    if recipe.load_in_8bit:
+        if recipe.load_in_4bit:
+            raise cli.UsageError(
+                "--load-in-8bit with "
+                + ("--task qlora" if task == "qlora" else "--load-in-4bit")
+                + ": the weights are loaded in 8 or in 4 bits, not both"
+            )
         if task == "training":
+            raise cli.UsageError(
+                "--load-in-8bit with --task training: 8-bit weights cannot be trained (the "
+                "Trainer refuses a purely quantized model); --task lora trains LoRA adapters "
+                "over them"
+            )
+    if recipe.load_in_4bit or recipe.load_in_8bit:
+        if task == "training" and recipe.load_in_4bit:
             raise cli.UsageError(
                 (
                     "a 4-bit checkpoint (its config's quantization_config)"
@@ -180,7 +196,8 @@ def check_recipe(recipe: Recipe, task: str) -> None:
             )
         if importlib.util.find_spec("bitsandbytes") is None:
             raise cli.UsageError(
-                "--load-in-4bit and --task qlora load the model with bitsandbytes, not installed "
+                "--load-in-4bit, --load-in-8bit and --task qlora load the model with "
+                "bitsandbytes, not installed "
                 "here: pip install 'bitsandbytes==0.50.2' (pyproject.toml's `bnb` group)"
             )
     if recipe.optim is not None:
@@ -289,13 +306,14 @@ def stored_quantization(config: dict, path: Path) -> dict | None:
             f"--hf-config {path}: a quantized model (quantization_config{named}) is not "
             "modelled: the lab loads bitsandbytes' 4-bit checkpoints (load_in_4bit); "
             + (
-                "bitsandbytes' 8-bit weights (LLM.int8) keep outlier columns that depend on "
-                "the weights and the data"
+                "an 8-bit checkpoint's own load is not modelled: remove quantization_config "
+                "from a copy of the file and give --load-in-8bit (the same model quantised "
+                "as it loads, its load's peak higher)"
                 if eight
-                else "GPTQ, AWQ, FP8 and other formats have their own weights and kernels"
+                else "GPTQ, AWQ, FP8 and other formats have their own weights and kernels; to "
+                "size the unquantized model, remove quantization_config from a copy of the "
+                "file"
             )
-            + "; to size the unquantized model, remove quantization_config from a copy of the "
-            "file"
         )
     fields = {
         "bnb_4bit_quant_type": (FOUR_BIT_DEFAULTS["quant_type"], ("nf4", "fp4")),
@@ -319,24 +337,31 @@ def stored_quantization(config: dict, path: Path) -> dict | None:
     return recipe
 
 
-class CpuKernelNotice(logging.Filter):
-    """bitsandbytes, imported on a CPU with AVX512-BF16, looks for a CPU 4-bit kernel of
-    the `kernels` package and logs a warning where it is absent
-    (bitsandbytes/backends/cpu/ops.py): a kernel the lab never runs (it traces and measures
-    CUDA's), said on every run that imports bitsandbytes. That one message is dropped."""
+class BitsandbytesNotices(logging.Filter):
+    """Two messages bitsandbytes logs about its own kernels, dropped: imported on a CPU with
+    AVX512-BF16, it looks for a CPU 4-bit kernel of the `kernels` package and warns where it
+    is absent (backends/cpu/ops.py), a kernel the lab never runs; and each 8-bit product of a
+    non-float16 input warns that the input is cast to float16 (autograd/_functions.py), once
+    a layer a step: the cast is traced and measured, and said in the user guide."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "gemm_4bit_forward from kernels-community" not in record.getMessage()
+        message = record.getMessage()
+        return not (
+            "gemm_4bit_forward from kernels-community" in message
+            or message.startswith("MatMul8bitLt: inputs will be cast from")
+        )
 
 
 # one filter for the process: adding the same one again is a no-op (logging.Filterer), and
 # `require` runs for every config read (plan estimates many in one process)
-CPU_KERNEL_NOTICE = CpuKernelNotice()
+BITSANDBYTES_NOTICES = BitsandbytesNotices()
+NOTICE_LOGGERS = ("bitsandbytes.backends.cpu.ops", "bitsandbytes.autograd._functions")
 
 
 def require(task: str) -> None:
     """transformers (and peft for lora) importable, else one line."""
-    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(CPU_KERNEL_NOTICE)
+    for name in NOTICE_LOGGERS:
+        logging.getLogger(name).addFilter(BITSANDBYTES_NOTICES)
     needed = ["transformers"] + (["peft"] if task in ADAPTED else [])
     if any(importlib.util.find_spec(name) is None for name in needed):
         peft = task in ADAPTED
@@ -480,7 +505,7 @@ def workload_source(
             # then follows their load as a GPU runs it (predicting/quantized_load.py)
             "import bitsandbytes.nn.modules  # noqa: F401\n"
             "import transformers.modeling_utils  # noqa: F401\n\n"
-            if recipe.load_in_4bit
+            if recipe.load_in_4bit or recipe.load_in_8bit
             else ""
         )
         + "from pipeline.workloads import hf_model\n\n"
@@ -562,7 +587,7 @@ def build(config, hf: dict, task: str, checkpointing: bool, recipe: dict | None 
     recipe = Recipe(**(recipe or {}))
     if recipe.prequantized:  # loaded onto the device by from_pretrained
         model = load_prequantized(torch, transformers, model_class, settings, hf, config)
-    elif recipe.load_in_4bit:
+    elif recipe.load_in_4bit or recipe.load_in_8bit:
         model = load_quantized(torch, transformers, model_class, settings, config, recipe)
     else:
         with torch.device(config.device), initialised_as_on_a_gpu(transformers, config.device):
