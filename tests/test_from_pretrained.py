@@ -29,8 +29,8 @@ def infer(config, *, sequence=16):
     from own_model import Workload
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        {folder!r}, dtype=config.dtype, device_map=config.device
-    )
+        {folder!r}, dtype=config.dtype{placed}
+    ){moved}
     make_inputs = lambda: {{
         "input_ids": torch.zeros(config.batch, sequence, dtype=torch.long, device=config.device)
     }}
@@ -50,8 +50,12 @@ def saved(tmp_path_factory):
     transformers.LlamaForCausalLM(settings).save_pretrained(folder / "model")
     transformers.logging.enable_progress_bar()
     path = folder / "user.py"
-    path.write_text(WORKLOAD.format(folder=str(folder / "model")))
+    path.write_text(written(folder, ", device_map=config.device", ""))
     return folder, path
+
+
+def written(folder, placed: str, moved: str) -> str:
+    return WORKLOAD.format(folder=str(folder / "model"), placed=placed, moved=moved)
 
 
 def held_blocks(model) -> int:
@@ -81,6 +85,30 @@ def test_a_users_from_pretrained_holds_the_weights_the_real_load_holds(saved):
     assert from_pretrained.LOAD_THREADS in unknown  # never exact: the threads' order
     assert not any("outside the dispatcher" in u for u in unknown), unknown
     assert document["prediction"]["status"] == "approximate"
+
+
+def test_a_model_loaded_on_the_host_and_moved_is_not_the_loaders_threads(saved, tmp_path):
+    """from_pretrained onto the host, then `.to(config.device)`: the loader's threads copy
+    to the host, which asks nothing of the GPU (no LOAD_THREADS note); the device holds the
+    same blocks."""
+    from conftest import run_script
+
+    folder, _ = saved
+    path = tmp_path / "moved.py"
+    path.write_text(written(folder, "", ".to(config.device)"))
+    result = run_script(
+        "own_model.py", "estimate", "--workload", f"{path}:infer", "--batch", "2",
+        "--dtype", "bfloat16", "--gpu", "h200", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    load = next(r for r in document["prediction"]["phases"] if r["phase"] == "model_load")
+    real = transformers.AutoModelForCausalLM.from_pretrained(
+        folder / "model", dtype=torch.bfloat16, device_map="cpu"
+    )
+    assert load["allocated_bytes"] == held_blocks(real)
+    unknown = {u["op"] for u in document["prediction"]["unknown"]}
+    assert from_pretrained.LOAD_THREADS not in unknown
 
 
 @pytest.mark.gpu

@@ -378,6 +378,19 @@ def test_measure_without_a_gpu_is_refused_leaving_its_environment_as_the_kit_doe
 # ------------------------------------------------------------------ the user's own exceptions
 
 
+def test_a_file_that_asks_for_cuda_by_name_is_told_to_use_config_device(capsys, tmp_path):
+    """A trace without a GPU runs the file on config.device: a model moved to "cuda" by name
+    fails there, and the last line says what to change."""
+    path = workload(tmp_path, LINEAR.replace(".to(device=config.device,", '.to(device="cuda",'))
+    code = own_model.main(estimate(f"{path}:linear"))
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert code == 1  # the user's code failed, as in a measurement
+    assert last.startswith("own_model.py: the workload raised RuntimeError in model_load"), last
+    assert last.endswith("give its models and tensors config.device (and "
+                         "device_map=config.device)"), last  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
 def test_an_exception_in_the_users_code_is_theirs_shown_and_recorded_as_failed(capsys, tmp_path):
     source = LINEAR.replace(
         "    def make_inputs():\n",

@@ -921,6 +921,19 @@ TRACE_FAILED = "the trace itself failed"
 NO_GPU = "no GPU in particular (no calibration: --gpu h200 gives the H200's)"
 
 
+# What PyTorch raises where code asks for CUDA on a build or machine without it
+# (c10/core/impl/DeviceGuardImplInterface.h, torch/cuda/__init__.py's _lazy_init)
+NO_CUDA = (
+    "PyTorch is not linked with support for cuda devices",
+    "Torch not compiled with CUDA enabled",
+    "Found no NVIDIA driver on your system",
+)
+
+
+def asks_cuda_by_name(exc: BaseException) -> bool:
+    return any(said in str(exc) for said in NO_CUDA)
+
+
 def estimate(args) -> int:
     setting = setting_from(args)
     calibration, source, target, gpu = None, None, None, NO_GPU
@@ -942,9 +955,15 @@ def estimate(args) -> int:
         say(None if failure is not None else "predicting: replaying the trace")
     if failure is not None:
         traceback.print_exception(failure.original)
+        hint = (
+            ": it asks for a CUDA device by name, which a trace without a GPU does not "
+            "have; give its models and tensors config.device (and device_map=config.device)"
+            if asks_cuda_by_name(failure.original)
+            else ""
+        )
         print(
             f"own_model.py: the workload raised {type(failure.original).__name__} in "
-            f"{failure.phase} (traceback above): not predicted",
+            f"{failure.phase} (traceback above): not predicted{hint}",
             file=sys.stderr,
         )
         return cli.INVALID

@@ -20,9 +20,9 @@ Read in transformers 5.23 (modeling_utils.py, core_model_loading.py):
   (`spawn_materialize`), while the main thread converts them as they come. A dispatch mode
   is a thread's own, and a fake tensor's mode cannot run on several: here each copy is made
   when it is submitted, in the file's order, as threads that run ahead of the main thread
-  make them. On a GPU the threads may interleave in other orders: the trace notes
-  LOAD_THREADS, which withholds "exact" (the bounds stay: the tensors are the same, only the
-  order of their blocks differs).
+  make them. On a GPU the threads may interleave in other orders: a copy onto the device
+  notes LOAD_THREADS, which withholds "exact" (the bounds stay: the tensors are the same,
+  only the order of their blocks differs).
 
 A workload that imports transformers (its file is imported before the trace) has
 modeling_utils and core_model_loading imported here, before the trace: transformers imports
@@ -56,7 +56,7 @@ def install(torch, recorder, notes: dict, on_meta: bool):
         importlib.import_module("transformers.core_model_loading")
     loading = sys.modules.get("transformers.core_model_loading")
     if loading is not None:
-        undo.append(replace(loading, "ThreadPoolExecutor", _inline_pool(notes)))
+        undo.append(replace(loading, "ThreadPoolExecutor", _inline_pool(torch, recorder, notes)))
     utils = sys.modules.get("transformers.modeling_utils")
     if on_meta and utils is not None:
         undo += [
@@ -92,8 +92,10 @@ def replace(owner, name: str, value):
     return undo
 
 
-def _inline_pool(notes: dict):
-    """A ThreadPoolExecutor whose jobs run when submitted, on the calling thread."""
+def _inline_pool(torch, recorder, notes: dict):
+    """A ThreadPoolExecutor whose jobs run when submitted, on the calling thread; a copy onto
+    the traced device notes LOAD_THREADS (one to the host, a model loaded there and moved
+    later, asks nothing of the GPU)."""
     from concurrent.futures import Future
 
     class InlinePool:
@@ -101,9 +103,11 @@ def _inline_pool(notes: dict):
             pass
 
         def submit(self, job, *args, **kwargs):
-            notes.setdefault(LOAD_THREADS, LOAD_THREADS_WHY)
+            result = job(*args, **kwargs)
+            if isinstance(result, torch.Tensor) and recorder.on_target(result):
+                notes.setdefault(LOAD_THREADS, LOAD_THREADS_WHY)
             future = Future()
-            future.set_result(job(*args, **kwargs))
+            future.set_result(result)
             return future
 
         def shutdown(self, *args, **kwargs):
