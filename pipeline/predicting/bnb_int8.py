@@ -8,7 +8,8 @@ backends/cuda/ops.py, backends/default/ops.py) and transformers 5.23
   `Int8Params`, moved back to the device; `Int8Params.to` quantises it the first time it goes
   from the host to any device but meta (`_quantize`: the weight in float16 on the device,
   `int8_vectorwise_quant`, the int8 weight and its float32 row scales kept). On meta it is
-  moved unquantised: here meta is the GPU, and it quantises.
+  moved unquantised: here meta is the GPU, and it quantises; in every trace the quantised
+  weight is a new parameter (`_quantised_on_the_device`).
 - The kernels. Their fake kernels (_ops.py) give the outputs' shapes only, in another order
   than CUDA's, and the outlier columns a dynamic size a trace without a shape environment
   cannot make. A GPU runs the CUDA implementations (backends/cuda/ops.py) where there is one,
@@ -231,8 +232,7 @@ def install(torch, recorder, notes: dict, on_meta: bool):
         return lambda: None
     _NOTES.append(notes)
     undo = [_NOTES.pop]
-    if on_meta:
-        undo.append(replace(modules.Int8Params, "to", _quantised_on_meta(torch, modules)))
+    undo.append(replace(modules.Int8Params, "to", _quantised_on_the_device(torch, modules)))
     by_overload = {getattr(torch.ops.bitsandbytes, name).default: name for name in kernels}
 
     class CudaKernels(torch.overrides.TorchFunctionMode):
@@ -291,21 +291,23 @@ def _on_device(args) -> bool:
     )
 
 
-def _quantised_on_meta(torch, modules):
+def _quantised_on_the_device(torch, modules):
     original = modules.Int8Params.__dict__["to"]
 
     def to(self, *args, **kwargs):
         device = torch_private.to_device(torch, *args, **kwargs)
         if (
             device is not None
-            and device.type == "meta"
+            and device.type != "cpu"  # the traced device: meta, or the GPU's beside it
             and self.data.dtype != torch.int8
             and self.data.device.type == "cpu"
             and not self.has_fp16_weights
         ):
-            # _quantize's steps; its last, `self.data = CB`, sets a host parameter's data to
-            # a device tensor, which fake tensors refuse: the device's parameter is made
-            # anew around CB, as Int8Params.to makes one for a quantized weight
+            # _quantize's steps (on meta too: meta stands for the GPU); its last, `self.data
+            # = CB`, sets a host parameter's data to a device tensor, which a fake tensor
+            # refuses on meta and, beside a GPU, takes while still saying it is the host's:
+            # the device's parameter is made anew around CB, as Int8Params.to makes one for
+            # a quantized weight
             B = self.data.contiguous().to(device=device, dtype=torch.float16)
             CB, SCB, _ = modules.bnb.functional.int8_vectorwise_quant(B)
             del B
