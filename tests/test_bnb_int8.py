@@ -113,12 +113,26 @@ def cold_step_upper(capsys, config) -> tuple[dict, int]:
     return document["prediction"], row["peak_allocated_bytes"]["upper"]
 
 
+def test_until_a_gpu_has_checked_8bit_predictions_they_claim_no_bounds(capsys, config):
+    document = estimate(
+        capsys, config, "--task", "inference", "--dtype", "bfloat16", "--load-in-8bit",
+        "--gpu", "h200",
+    )  # fmt: skip
+    prediction = document["prediction"]
+    assert bnb_int8.CHECKED_ON_A_GPU is False  # flipped with the evidence of a GPU
+    assert prediction["status"] == "approximate"
+    assert "bounds" not in prediction
+    assert bnb_int8.NOTE in prediction["unbounded"]
+
+
 def test_an_8bit_estimate_is_never_exact_and_its_upper_bound_holds_every_outlier(
     capsys, wide, monkeypatch
 ):
-    """The outlier columns are named; the most replay takes each product's outlier path
-    with every column an outlier: its upper bound of the cold step's peak lies at least one
-    layer's dequantised weight (float32) above the same replay without that path."""
+    """Once checked on a GPU: the outlier columns are named; the most replay takes each
+    product's outlier path with every column an outlier: its upper bound of the cold step's
+    peak lies at least one layer's dequantised weight (float32) above the same replay
+    without that path."""
+    monkeypatch.setattr(bnb_int8, "CHECKED_ON_A_GPU", True)
     prediction, upper = cold_step_upper(capsys, wide)
     assert prediction["status"] == "approximate"
     unknown = {entry["op"]: entry for entry in prediction["unknown"]}
@@ -175,9 +189,21 @@ def within(bounds: dict, measured: dict) -> list:
     ]
 
 
+def bounded_estimate(capsys, monkeypatch, *options: str) -> dict:
+    """The GPU-free estimate's prediction (the H200's calibration) with its bounds, as it
+    will say them once checked on a GPU: what these GPU tests check."""
+    monkeypatch.setattr(bnb_int8, "CHECKED_ON_A_GPU", True)
+    code = own_model.main(["estimate", *options, "--gpu", "h200", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    return json.loads(captured.out)["prediction"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("task", ["generate", "lora"])
-def test_an_8bit_model_measured_on_a_gpu_is_within_the_estimates_bounds(tmp_path, config, task):
+def test_an_8bit_model_measured_on_a_gpu_is_within_the_estimates_bounds(
+    capsys, monkeypatch, tmp_path, config, task
+):
     """Measured with the trace beside the GPU (honest), and the GPU-free estimate's bounds
     hold on every peak of every phase."""
     from conftest import run_script
@@ -187,9 +213,7 @@ def test_an_8bit_model_measured_on_a_gpu_is_within_the_estimates_bounds(tmp_path
 
     options = ["--hf-config", str(config), "--task", task, "--dtype", "bfloat16",
                "--batch", "2", "--dim", "sequence=64", "--load-in-8bit"]  # fmt: skip
-    estimated = run_script("own_model.py", "estimate", *options, "--gpu", "h200", "--json")
-    assert estimated.returncode == 0, estimated.stderr[-2000:]
-    prediction = json.loads(estimated.stdout)["prediction"]
+    prediction = bounded_estimate(capsys, monkeypatch, *options)
     output = tmp_path / "m.json"
     result = run_script(
         "own_model.py", "measure", *options, "--device", "cuda:0", "--output", str(output)
@@ -228,7 +252,9 @@ def infer(config, *, sequence=64):
 
 
 @pytest.mark.gpu
-def test_a_model_whose_activations_have_outliers_stays_within_the_upper_bound(tmp_path):
+def test_a_model_whose_activations_have_outliers_stays_within_the_upper_bound(
+    capsys, monkeypatch, tmp_path
+):
     """Norms of 10 make most input columns of the attention and MLP products outliers: the
     GPU takes LLM.int8's outlier path, which the central figure leaves out (the measured peak
     lies above it) and the upper bound holds."""
@@ -243,9 +269,7 @@ def test_a_model_whose_activations_have_outliers_stays_within_the_upper_bound(tm
     path = tmp_path / "user.py"
     path.write_text(OUTLIERS_WORKLOAD.format(folder=str(tmp_path / "model")))
     options = ["--workload", f"{path}:infer", "--batch", "2", "--dtype", "bfloat16"]
-    estimated = run_script("own_model.py", "estimate", *options, "--gpu", "h200", "--json")
-    assert estimated.returncode == 0, estimated.stderr[-2000:]
-    prediction = json.loads(estimated.stdout)["prediction"]
+    prediction = bounded_estimate(capsys, monkeypatch, *options)
     output = tmp_path / "m.json"
     result = run_script(
         "own_model.py", "measure", *options, "--device", "cuda:0", "--output", str(output)

@@ -29,8 +29,9 @@ backends/cuda/ops.py, backends/default/ops.py) and transformers 5.23
   the product keeps them (for backward in training) and their indices as long as the layer
   keeps them (`state.idx`, until its next call).
 
-Nothing is installed where bitsandbytes is not imported, or where its source does not hold
-what is read here (another version): a trace that reaches these kernels then fails on their
+A trace that runs an 8-bit kernel notes NOTE while CHECKED_ON_A_GPU is False, which withholds
+the bounds. Nothing is installed where bitsandbytes is not imported, or where its source does
+not hold what is read here (another version): a trace that reaches these kernels then fails on their
 fake kernels and says "not predicted".
 
 Standard library, torch_private and from_pretrained's `replace` only (torch is passed in).
@@ -53,6 +54,18 @@ OUTLIERS_WHY = (
     "each 8-bit product multiplies in 16 bits the input columns holding a value at or above "
     "its threshold, found on the GPU from the activations' values: the central figure takes "
     "none (the lab's model of zeros has none), the upper bound every column"
+)
+# Whether a GPU's measurements of models loaded in 8 bits have been held against predictions
+# traced this way. While False, a trace that runs an 8-bit kernel notes NOTE, which withholds
+# the bounds (trace_prediction.boundable): the central figure follows the source, nothing
+# more is claimed.
+CHECKED_ON_A_GPU = False
+NOTE = "8-bit weights (bitsandbytes)"
+UNCHECKED_WHY = (
+    "the load and products follow transformers' from_pretrained and bitsandbytes' CUDA "
+    "dispatch (int8 weights and row scales, each product's float16 input, quantisation and "
+    "int32 result) and have not yet been held against a GPU's measurement: the central figure "
+    "follows them, no bounds are claimed"
 )
 OPERATORS = (
     "int8_vectorwise_quant",
@@ -245,6 +258,8 @@ def install(torch, recorder, notes: dict, on_meta: bool):
             name = by_overload.get(overload)
             if name is None or not _on_device(args):
                 return func(*args, **kwargs)
+            if not CHECKED_ON_A_GPU:
+                notes.setdefault(NOTE, UNCHECKED_WHY)
             with self:
                 if name == "int8_vectorwise_quant":
                     return self.quant(kernels[name], *args, **kwargs)
