@@ -106,6 +106,7 @@ def partial_replay(trace: Trace, calibration, order: int) -> list[dict]:
 # about as long as forking a process (a 1B-class decoder's 16 tokens make 20,000 events; the
 # 8B-class estimate's 128 tokens, hundreds of thousands).
 FORKED_REPLAYS = 50_000
+
 # What side_by_side's forked workers read: set just before they are forked, so that they
 # inherit it instead of receiving the trace (hundreds of thousands of events) by pickle.
 _SHARED: tuple = ()

@@ -63,6 +63,7 @@ KNOWN_CALLS_ANSWERED = True
 # same comparison (it passed on an H100, and the 8B decoder's measurement predicted the same
 # bytes with the answers and without: runs/20261205T230100Z-h100-gpu-tests-answers/).
 ANSWERED_ON = ("meta", "cuda")
+
 # How the recorder learns that a storage's last reference went: "callback", a weak reference
 # to the storage's Python object, which PyTorch keeps as long as the storage lives and drops
 # with it; "scan", every live storage asked at every operator (quadratic in the trace's
