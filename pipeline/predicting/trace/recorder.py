@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import weakref
-from typing import TYPE_CHECKING
 
 from pipeline.core import torch_private
 from pipeline.predicting import packed_sequences
@@ -31,9 +30,6 @@ from pipeline.predicting.trace.operators import (
     UNREADABLE_CALLER,
     UNSEEN,
 )
-
-if TYPE_CHECKING:
-    from pipeline.predicting.trace.tracer import Tracer
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,7 +107,7 @@ def make_recorder(torch):
     Tensor = torch.Tensor
 
     class Recorder(TorchDispatchMode):
-        def __init__(self, tracer: Tracer) -> None:
+        def __init__(self, tracer) -> None:  # a tracer.Tracer, which imports this module
             super().__init__()
             self.tracer = tracer
             self.events = tracer.trace.events
