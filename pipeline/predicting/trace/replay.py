@@ -155,8 +155,6 @@ def replay(
     Not `logged`: the log stays empty (the replays whose rows alone are read)."""
     if allocator is None:
         allocator = DriverOrder() if segment_rank is None else RankedSegments(segment_rank)
-    blocks: dict = {}  # storage id -> block
-    kept: set = set()  # the persistent blocks already allocated, by thread and size
     per_thread = calibration is None or calibration.workspaces_per_thread is not False
     events = trace.events
     if scenario is not None:
@@ -164,141 +162,177 @@ def replay(
             per_thread = scenario.upper
         if scenario.upper:
             events = unseen_first(events)
-    rows: list[dict] = []
-    log: list[tuple] = []
-    mismatches: dict = {}
-    autograd_kept = False
-    row: dict = {}
-    templates: dict = {}  # signature -> its template: a pattern's lookup is not free
+    run = Replay(trace, calibration, scenario, allocator, logged, per_thread)
+    run.play(events)
+    return run.rows, run.log, run.mismatches, run.autograd_kept
 
-    allocate, deallocate = allocator.malloc, allocator.free
 
-    def malloc(nbytes: int, what: str):
-        if logged:
-            log.append(("alloc", nbytes, what))
-        return allocate(nbytes)
+class Replay:
+    """One replay of a trace's events through an allocator model, as `replay` sets it up:
+    the blocks of the storages alive, the rows of the phases ended, the log."""
 
-    def free(block, nbytes: int, what: str) -> None:
-        if logged and block is not None:
-            log.append(("free", nbytes, what))
-        deallocate(block)
+    def __init__(self, trace, calibration, scenario, allocator, logged, per_thread) -> None:
+        self.trace = trace
+        self.calibration = calibration
+        self.scenario = scenario
+        self.allocator = allocator
+        self.logged = logged
+        self.per_thread = per_thread
+        self.blocks: dict = {}  # storage id -> block
+        self.kept: set = set()  # the persistent blocks already allocated, by thread and size
+        self.rows: list[dict] = []
+        self.log: list[tuple] = []
+        self.mismatches: dict = {}
+        self.autograd_kept = False
+        self.row: dict = {}
+        self.templates: dict = {}  # signature -> its template: a pattern's lookup is not free
+        # id of a (block, bytes) entry -> storages that share it, where several
+        self.sharing: dict = {}
+        # a storage id, or an at_most token -> the blocks the most replay added
+        self.tied: dict = {}
 
-    sharing: dict = {}  # id of a (block, bytes) entry -> storages that share it, where several
-    tied: dict = {}  # a storage id, or an at_most token -> the blocks the most replay added
+    def malloc(self, nbytes: int, what: str):
+        if self.logged:
+            self.log.append(("alloc", nbytes, what))
+        return self.allocator.malloc(nbytes)
 
-    def release(entry: tuple, what: str) -> None:
+    def free(self, block, nbytes: int, what: str) -> None:
+        if self.logged and block is not None:
+            self.log.append(("free", nbytes, what))
+        self.allocator.free(block)
+
+    def release(self, entry: tuple, what: str) -> None:
         """A storage's end: its block is freed with the last storage that shares it."""
-        count = sharing.pop(id(entry), 1) - 1
+        count = self.sharing.pop(id(entry), 1) - 1
         if count:
-            sharing[id(entry)] = count
+            self.sharing[id(entry)] = count
         else:
-            free(entry[0], entry[1], what)
+            self.free(entry[0], entry[1], what)
 
-    for event in events:
-        kind = event[0]
-        if kind == "start":
-            _, name, repetition, passes = event
-            row = {"phase": name}
-            if repetition is not None:
-                row["repetition"] = repetition
-            row["passes"] = passes
-            row["baseline_allocated_bytes"] = allocator.allocated
-            row["baseline_reserved_bytes"] = allocator.reserved
-            allocator.reset_peaks()
-            log.append(("phase", 0, name))
-        elif kind == "end":
-            row["allocated_bytes"] = allocator.allocated
-            row["reserved_bytes"] = allocator.reserved
-            row["peak_allocated_bytes"] = allocator.peak_allocated
-            row["peak_reserved_bytes"] = allocator.peak_reserved
-            allocator.end_phase()
-            rows.append(row)
-        elif kind == "free":
-            entry = blocks.pop(event[1], None)
-            if entry is not None:
-                release(entry, "storage")
-            for block, nbytes in reversed(tied.pop(event[1], ())):
-                free(block, nbytes, "at most")
-        elif kind == "most":  # the most replay's alone (Recorder.at_most)
-            if scenario is not None and scenario.upper:
-                held = [(malloc(nbytes, "at most"), nbytes) for nbytes in event[2] if nbytes]
-                tied.setdefault(event[1] if event[3] is None else event[3], []).extend(held)
-        elif kind == "most_end":
-            for block, nbytes in reversed(tied.pop(event[1], ())):
-                free(block, nbytes, "at most")
-        elif kind == "unseen":
-            blocks[event[1]] = (malloc(event[2], "unseen storage"), event[2])
-        elif kind == "resize":
-            old = blocks.pop(event[1], None)
-            blocks[event[1]] = (malloc(event[2], "resize"), event[2])
-            if old is not None:
-                release(old, "resize")
-        else:
-            op = event[1]
-            if op.reuses in blocks:  # made in place by a real run: one block, two storages
-                ((_, sid, _),) = op.outputs
-                blocks[sid] = blocks[op.reuses]
-                sharing[id(blocks[sid])] = sharing.get(id(blocks[sid]), 1) + 1
-                continue
-            template = None
-            if calibration:
-                template = templates.get(op.signature, templates)
-                if template is templates:
-                    template = templates[op.signature] = calibration.template(
-                        op.signature, trace.signatures.get(op.signature)
-                    )
-            uncertain = scenario is not None and op.signature in scenario.uncertain
-            wide = scenario.wider.get(op.signature, {}) if scenario and scenario.upper else {}
-            if uncertain and template is not None and not scenario.upper:
-                template = [step for step in template if step[0] == "output"]
-            if template is None and not uncertain:  # outputs only, by index (`record`'s order)
-                for index, sid, nbytes in sorted(op.outputs):
-                    nbytes += wide.get(index, 0) if nbytes else 0
-                    blocks[sid] = (malloc(nbytes, op.name), nbytes)
-                continue
-            pending = {index: (sid, nbytes) for index, sid, nbytes in op.outputs}
-            scratch: dict = {}
-            seen_sizes: dict = {}
-            for step in template or ():
-                if step[0] == "output" and step[1] in pending:
-                    sid, nbytes = pending.pop(step[1])
-                    if step[2] is not None and nbytes != step[2]:  # None: a pattern's
-                        slack = cudnn_rnn.output_slack(op.name).get(step[1], 0)
-                        if 0 < step[2] - nbytes <= slack:
-                            nbytes = step[2]  # a size the trace knows within slack: the probe's
-                        else:
-                            mismatches.setdefault(op.name, f"output {step[1]}: traced {nbytes} B")
-                    nbytes += wide.get(step[1], 0) if nbytes else 0
-                    blocks[sid] = (malloc(nbytes, op.name), nbytes)
-                elif step[0] == "output":
-                    mismatches.setdefault(op.name, f"output {step[1]} is not new in the trace")
-                elif step[0] == "internal":
-                    scratch[step[1]] = (malloc(step[2], f"{op.name} scratch"), step[2])
-                elif step[0] == "free":
-                    block, nbytes = scratch.pop(step[1])
-                    free(block, nbytes, f"{op.name} scratch")
-                else:
-                    nth = seen_sizes[step[1]] = seen_sizes.get(step[1], 0) + 1
-                    key = (op.role if per_thread else CALLER, step[1], nth)
-                    if key not in kept:
-                        kept.add(key)
-                        autograd_kept |= op.role == AUTOGRAD
-                        malloc(step[1], f"{op.name} kept (library workspace)")
-            for index, (sid, nbytes) in sorted(pending.items()):
-                if template is not None and nbytes:  # an empty tensor takes no block
-                    mismatches.setdefault(op.name, f"output {index} not allocated by the probe")
+    def play(self, events: list) -> None:
+        """The events in order: phases begun and ended, storages made and gone."""
+        allocator, blocks, tied, scenario = self.allocator, self.blocks, self.tied, self.scenario
+        malloc, free = self.malloc, self.free
+        for event in events:
+            kind = event[0]
+            if kind == "start":
+                _, name, repetition, passes = event
+                row = self.row = {"phase": name}
+                if repetition is not None:
+                    row["repetition"] = repetition
+                row["passes"] = passes
+                row["baseline_allocated_bytes"] = allocator.allocated
+                row["baseline_reserved_bytes"] = allocator.reserved
+                allocator.reset_peaks()
+                self.log.append(("phase", 0, name))
+            elif kind == "end":
+                row = self.row
+                row["allocated_bytes"] = allocator.allocated
+                row["reserved_bytes"] = allocator.reserved
+                row["peak_allocated_bytes"] = allocator.peak_allocated
+                row["peak_reserved_bytes"] = allocator.peak_reserved
+                allocator.end_phase()
+                self.rows.append(row)
+            elif kind == "free":
+                entry = blocks.pop(event[1], None)
+                if entry is not None:
+                    self.release(entry, "storage")
+                for block, nbytes in reversed(tied.pop(event[1], ())):
+                    free(block, nbytes, "at most")
+            elif kind == "most":  # the most replay's alone (Recorder.at_most)
+                if scenario is not None and scenario.upper:
+                    held = [(malloc(nbytes, "at most"), nbytes) for nbytes in event[2] if nbytes]
+                    tied.setdefault(event[1] if event[3] is None else event[3], []).extend(held)
+            elif kind == "most_end":
+                for block, nbytes in reversed(tied.pop(event[1], ())):
+                    free(block, nbytes, "at most")
+            elif kind == "unseen":
+                blocks[event[1]] = (malloc(event[2], "unseen storage"), event[2])
+            elif kind == "resize":
+                old = blocks.pop(event[1], None)
+                blocks[event[1]] = (malloc(event[2], "resize"), event[2])
+                if old is not None:
+                    self.release(old, "resize")
+            else:
+                self.operator(event[1])
+
+    def operator(self, op) -> None:
+        """An operator call: its outputs' blocks, and those its kernel allocates besides."""
+        blocks, scenario, calibration = self.blocks, self.scenario, self.calibration
+        if op.reuses in blocks:  # made in place by a real run: one block, two storages
+            ((_, sid, _),) = op.outputs
+            blocks[sid] = blocks[op.reuses]
+            self.sharing[id(blocks[sid])] = self.sharing.get(id(blocks[sid]), 1) + 1
+            return
+        template = None
+        if calibration:
+            templates = self.templates
+            template = templates.get(op.signature, templates)
+            if template is templates:
+                template = templates[op.signature] = calibration.template(
+                    op.signature, self.trace.signatures.get(op.signature)
+                )
+        uncertain = scenario is not None and op.signature in scenario.uncertain
+        wide = scenario.wider.get(op.signature, {}) if scenario and scenario.upper else {}
+        if uncertain and template is not None and not scenario.upper:
+            template = [step for step in template if step[0] == "output"]
+        if template is None and not uncertain:  # outputs only, by index (`record`'s order)
+            for index, sid, nbytes in sorted(op.outputs):
                 nbytes += wide.get(index, 0) if nbytes else 0
-                blocks[sid] = (malloc(nbytes, op.name), nbytes)
-            if uncertain and scenario.upper:  # the most its kernel may add, with its outputs
-                key = (op.role if per_thread else CALLER, "workspace bound")
-                if key not in kept:
-                    kept.add(key)
-                    malloc(WORKSPACE_BOUND, f"{op.name} library workspace, at most")
-                held = [
-                    (malloc(nbytes, f"{op.name} scratch, at most"), nbytes)
-                    for nbytes in scenario.uncertain[op.signature]
-                    if nbytes
-                ]
-                for block, nbytes in reversed(held):
-                    free(block, nbytes, op.name)
-    return rows, log, mismatches, autograd_kept
+                blocks[sid] = (self.malloc(nbytes, op.name), nbytes)
+            return
+        pending = {index: (sid, nbytes) for index, sid, nbytes in op.outputs}
+        self.steps(op, template or (), pending, wide)
+        for index, (sid, nbytes) in sorted(pending.items()):
+            if template is not None and nbytes:  # an empty tensor takes no block
+                self.mismatches.setdefault(op.name, f"output {index} not allocated by the probe")
+            nbytes += wide.get(index, 0) if nbytes else 0
+            blocks[sid] = (self.malloc(nbytes, op.name), nbytes)
+        if uncertain and scenario.upper:
+            self.at_most(op)
+
+    def steps(self, op, template, pending: dict, wide: dict) -> None:
+        """The call's template, step by step; the outputs it allocates leave `pending`."""
+        malloc, mismatches = self.malloc, self.mismatches
+        scratch: dict = {}
+        seen_sizes: dict = {}
+        for step in template:
+            if step[0] == "output" and step[1] in pending:
+                sid, nbytes = pending.pop(step[1])
+                if step[2] is not None and nbytes != step[2]:  # None: a pattern's
+                    slack = cudnn_rnn.output_slack(op.name).get(step[1], 0)
+                    if 0 < step[2] - nbytes <= slack:
+                        nbytes = step[2]  # a size the trace knows within slack: the probe's
+                    else:
+                        mismatches.setdefault(op.name, f"output {step[1]}: traced {nbytes} B")
+                nbytes += wide.get(step[1], 0) if nbytes else 0
+                self.blocks[sid] = (malloc(nbytes, op.name), nbytes)
+            elif step[0] == "output":
+                mismatches.setdefault(op.name, f"output {step[1]} is not new in the trace")
+            elif step[0] == "internal":
+                scratch[step[1]] = (malloc(step[2], f"{op.name} scratch"), step[2])
+            elif step[0] == "free":
+                block, nbytes = scratch.pop(step[1])
+                self.free(block, nbytes, f"{op.name} scratch")
+            else:
+                nth = seen_sizes[step[1]] = seen_sizes.get(step[1], 0) + 1
+                key = (op.role if self.per_thread else CALLER, step[1], nth)
+                if key not in self.kept:
+                    self.kept.add(key)
+                    self.autograd_kept |= op.role == AUTOGRAD
+                    malloc(step[1], f"{op.name} kept (library workspace)")
+
+    def at_most(self, op) -> None:
+        """The most a call nobody measured may add, alive with its outputs: a library
+        workspace per thread once, and its scratch."""
+        key = (op.role if self.per_thread else CALLER, "workspace bound")
+        if key not in self.kept:
+            self.kept.add(key)
+            self.malloc(WORKSPACE_BOUND, f"{op.name} library workspace, at most")
+        held = [
+            (self.malloc(nbytes, f"{op.name} scratch, at most"), nbytes)
+            for nbytes in self.scenario.uncertain[op.signature]
+            if nbytes
+        ]
+        for block, nbytes in reversed(held):
+            self.free(block, nbytes, op.name)
