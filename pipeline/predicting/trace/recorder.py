@@ -654,7 +654,7 @@ def make_recorder(torch):
         # (TORCH_META_FUNC(_log_softmax_backward_data), SoftMax.cpp) makes it contiguous, and
         # an H100 showed it so (no copy where the gradient meets a contiguous leaf).
         "CONTIGUOUS_OUTPUT": {aten._log_softmax_backward_data.default},
-        # seeded (dropout); cudnn_rnn's fake kernel
+        # cuDNN's RNN: tagged seeded (its dropout), not taken so: cudnn_rnn's fake kernel makes it
         "RNN": torch_private.cudnn_rnn_operators(torch)[0],
         "PACK": torch_private.pack_padded_operator(torch),  # packed_sequences: the lengths read
         "SCALAR": torch_private.local_scalar_operator(torch),  # a value read back to Python

@@ -259,6 +259,15 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     same calls as the estimate made without a GPU; the rest is the GPU's own."""
     from torch.overrides import TorchFunctionMode
 
+    read = {**choice_tables(torch), "torch": torch, "trace": trace, "target": target, "meta": meta}
+    read["held"] = {}  # what a GPU process keeps to its end (cuDNN's dropout state)
+    # as class attributes, each read as it is (a function or a slot is not made a method)
+    read = {name: staticmethod(value) for name, value in read.items()}
+    return type("ChoiceNotes", (ChoiceNotes, TorchFunctionMode), read)
+
+
+def choice_tables(torch) -> dict:
+    """The functions `ChoiceNotes` looks at, by what it does with them."""
     recurrent = (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)
     cells = (torch.lstm_cell, torch.gru_cell)
     functions = {
@@ -294,7 +303,7 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     # `x[index] = number`: for a CUDA tensor PyTorch makes the number a CPU scalar and fills
     # (valueToTensor, python_variable_indexing.cpp); for a meta one, a block on the device.
     setitem = torch.Tensor.__setitem__
-    # Every function the branches below look at: any other runs as it comes, at once.
+    # Every function ChoiceNotes' branches look at: any other runs as it comes, at once.
     special = {sdpa, setitem, torch.Tensor.backward, *functions, *from_data, *recurrent,
                *dropouts, *batch_norms, *ctc, *other_ways}  # fmt: skip
     # Python functions that hand themselves to the modes first (handle_torch_function) and
@@ -311,75 +320,93 @@ def make_choice_notes(torch, trace: Trace, target=None, meta: bool = True):
     # tensors cannot tell: the check's operators run, and it is taken as passed, as it is in
     # any run that goes on (gaussian_nll_loss: `torch.any(var < 0)`; Recorder answers it).
     checked = {torch.nn.functional.gaussian_nll_loss}
-    held: dict = {}  # what a GPU process keeps to its end (cuDNN's dropout state)
+    return {
+        "batch_norms": batch_norms,
+        "cells": cells,
+        "checked": checked,
+        "ctc": ctc,
+        "dropouts": dropouts,
+        "from_data": from_data,
+        "functions": functions,
+        "nested": nested,
+        "other_ways": other_ways,
+        "recurrent": recurrent,
+        "sdpa": sdpa,
+        "setitem": setitem,
+        "special": special,
+    }
 
-    class ChoiceNotes(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func in nested:
-                return with_mode_inside(self, func, args, kwargs)
-            if func is torch.Tensor.backward:  # what its body calls, with the mode on
-                names = ("gradient", "retain_graph", "create_graph")
-                call = dict(zip(names, args[1:], strict=False))
-                call.update(kwargs)
-                return with_mode_inside(
-                    self, torch.autograd.backward, (args[0], call.get("gradient")),
-                    {"retain_graph": call.get("retain_graph"),
-                     "create_graph": call.get("create_graph", False),
-                     "inputs": call.get("inputs")},
-                )  # fmt: skip
-            if func in checked:
-                trace.checks_passing += 1
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    trace.checks_passing -= 1
-            if func not in special:
+
+class ChoiceNotes:
+    """The function mode of `make_choice_notes`, which makes it a TorchFunctionMode with the
+    tables it reads (`choice_tables`) and the trace, target and device as class attributes."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.nested:
+            return with_mode_inside(self, func, args, kwargs)
+        if func is self.torch.Tensor.backward:  # what its body calls, with the mode on
+            names = ("gradient", "retain_graph", "create_graph")
+            call = dict(zip(names, args[1:], strict=False))
+            call.update(kwargs)
+            return with_mode_inside(
+                self, self.torch.autograd.backward, (args[0], call.get("gradient")),
+                {"retain_graph": call.get("retain_graph"),
+                 "create_graph": call.get("create_graph", False),
+                 "inputs": call.get("inputs")},
+            )  # fmt: skip
+        if func in self.checked:
+            self.trace.checks_passing += 1
+            try:
                 return func(*args, **kwargs)
-            if func is sdpa and target is not None:
-                return sdpa_as_on_gpu(torch, trace, target, func, args, kwargs)
-            if func in ctc:
-                loss, why = ctc_loss.ctc_loss_as_on_gpu(torch, func, args, kwargs)
-                if why is not None:
-                    raise TraceStopped(why)
-                return loss
-            if func in other_ways:
-                noted = other_ways[func](torch, args, kwargs)
-                if noted is not None:
-                    trace.notes.setdefault(noted, OTHER_WAY)
-                return func(*args, **kwargs)
-            if func in recurrent and target is not None and target.cudnn() is not None:
-                routed = cudnn_rnn.rnn_as_on_gpu(torch, func, args, kwargs, held, target.name)
-                if routed is not None:
-                    if cudnn_rnn.packed(args):
-                        trace.notes.setdefault(cudnn_rnn.PACKED_CALLS, cudnn_rnn.PACKED_WHY)
-                    return routed
-            if func in from_data and args and not isinstance(args[0], torch.Tensor):
-                device = torch.device(kwargs.get("device") or "cpu")
-                if device.type in ("meta", "cuda"):
-                    kwargs = dict(kwargs, device="cpu")
-                    grad = kwargs.pop("requires_grad", False)
-                    kwargs.pop("pin_memory", None)
-                    return func(*args, **kwargs).to(device).requires_grad_(grad)
-            if not meta:
-                return func(*args, **kwargs)
-            if func is setitem and len(args) == 3 and type(args[2]) in (bool, int, float):
-                number = torch.tensor(args[2], dtype=args[0].dtype)  # on the CPU, as for CUDA
-                return func(args[0], args[1], number)
-            if func in cells and target is not None and args and args[0].dim() == 2:
-                return fused_cells.cell_as_on_gpu(torch, func, args, kwargs)
-            if func in dropouts:
-                fused = dropout_as_on_gpu(torch, dropouts[func], args, kwargs)
-                if fused is not None:
-                    return fused
-            if func in batch_norms and target is not None and target.cudnn() is not None:
-                return batch_norm_as_on_gpu(torch, batch_norms[func], func, args, kwargs)
-            name = functions.get(func)
-            if name is not None:
-                trace.notes.setdefault(name, META_CHOICES[name])
+            finally:
+                self.trace.checks_passing -= 1
+        if func not in self.special:
             return func(*args, **kwargs)
-
-    return ChoiceNotes
+        if func is self.sdpa and self.target is not None:
+            return sdpa_as_on_gpu(self.torch, self.trace, self.target, func, args, kwargs)
+        if func in self.ctc:
+            loss, why = ctc_loss.ctc_loss_as_on_gpu(self.torch, func, args, kwargs)
+            if why is not None:
+                raise TraceStopped(why)
+            return loss
+        if func in self.other_ways:
+            noted = self.other_ways[func](self.torch, args, kwargs)
+            if noted is not None:
+                self.trace.notes.setdefault(noted, OTHER_WAY)
+            return func(*args, **kwargs)
+        if func in self.recurrent and self.target is not None and self.target.cudnn() is not None:
+            routed = cudnn_rnn.rnn_as_on_gpu(
+                self.torch, func, args, kwargs, self.held, self.target.name
+            )
+            if routed is not None:
+                if cudnn_rnn.packed(args):
+                    self.trace.notes.setdefault(cudnn_rnn.PACKED_CALLS, cudnn_rnn.PACKED_WHY)
+                return routed
+        if func in self.from_data and args and not isinstance(args[0], self.torch.Tensor):
+            device = self.torch.device(kwargs.get("device") or "cpu")
+            if device.type in ("meta", "cuda"):
+                kwargs = dict(kwargs, device="cpu")
+                grad = kwargs.pop("requires_grad", False)
+                kwargs.pop("pin_memory", None)
+                return func(*args, **kwargs).to(device).requires_grad_(grad)
+        if not self.meta:
+            return func(*args, **kwargs)
+        if func is self.setitem and len(args) == 3 and type(args[2]) in (bool, int, float):
+            number = self.torch.tensor(args[2], dtype=args[0].dtype)  # on the CPU, as for CUDA
+            return func(args[0], args[1], number)
+        if func in self.cells and self.target is not None and args and args[0].dim() == 2:
+            return fused_cells.cell_as_on_gpu(self.torch, func, args, kwargs)
+        if func in self.dropouts:
+            fused = dropout_as_on_gpu(self.torch, self.dropouts[func], args, kwargs)
+            if fused is not None:
+                return fused
+        if func in self.batch_norms and self.target is not None and self.target.cudnn() is not None:
+            return batch_norm_as_on_gpu(self.torch, self.batch_norms[func], func, args, kwargs)
+        name = self.functions.get(func)
+        if name is not None:
+            self.trace.notes.setdefault(name, META_CHOICES[name])
+        return func(*args, **kwargs)
 
 
 def run_trace(torch, device: str, drive, fake: bool = True, target=None) -> Trace:
