@@ -28,6 +28,7 @@ from kit import mesure_memoire
 from pipeline.artefacts import validate
 from pipeline.measuring import own_model
 from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace import recorder as recording
 from pipeline.predicting.trace_prediction import PredictionStatus
 
 torch = pytest.importorskip("torch")
@@ -871,7 +872,7 @@ def test_without_cpp_frames_the_calls_made_in_place_are_named_as_unknown(monkeyp
             e[1].name == "aten.add.Tensor"] == [True]  # fmt: skip
     note = {"op": "aten.add (in place)", "calls": 0, "why": tp.UNREADABLE_CALLER}
     assert note not in tp.predict(named).unknown
-    monkeypatch.setattr(tp, "cpp_caller", lambda entry: None)
+    monkeypatch.setattr(recording, "cpp_caller", lambda entry: None)
     unnamed = tp.run_trace(torch, "meta", drive)
     prediction = tp.predict(unnamed)
     assert prediction.status == PredictionStatus.APPROXIMATE

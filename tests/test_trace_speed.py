@@ -1,5 +1,5 @@
 """What makes the GPU-free estimate fast must not move it: each shortcut in
-trace_prediction held to the plain way it replaces (tests/benchmarks/estimate_speed.py times
+the trace held to the plain way it replaces (tests/benchmarks/estimate_speed.py times
 them, and compares whole estimates)."""
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 from kit import mesure_memoire as mm
 from pipeline.predicting import trace_prediction as tp
+from pipeline.predicting.trace import prediction as predicting
+from pipeline.predicting.trace import recorder as recording
+from pipeline.predicting.trace import replay as replaying
 from pipeline.predicting.trace_prediction import PredictionStatus
 
 torch = pytest.importorskip("torch")
@@ -101,13 +104,13 @@ def test_a_choice_is_only_between_blocks_of_one_size_in_different_segments():
 
 def test_predict_replays_other_orders_only_when_a_choice_was_made(monkeypatch):
     replays = collections.Counter()
-    original = tp.replay
+    original = replaying.replay
 
     def counted(trace, calibration, segment_rank=None, **kwargs):
         replays[segment_rank is not None] += 1
         return original(trace, calibration, segment_rank, **kwargs)
 
-    monkeypatch.setattr(tp, "replay", counted)
+    monkeypatch.setattr(replaying, "replay", counted)
     trace = tp.Trace(device="meta", build="cpu-only", torch_version="")
     trace.events += [("start", "one", None, 1), ("unseen", 0, 4 * MIB), ("end",)]
     assert tp.predict(trace).status == PredictionStatus.EXACT
@@ -206,7 +209,7 @@ def test_the_storage_callbacks_report_the_frees_a_scan_finds(monkeypatch, device
     storage's end by its callback or asks every live storage at every operator."""
     traces = {}
     for mode in ("scan", "callback"):
-        monkeypatch.setattr(tp, "FREE_DETECTION", mode)
+        monkeypatch.setattr(recording, "FREE_DETECTION", mode)
         torch.manual_seed(0)
         traces[mode] = tp.run_trace(torch, device, protocol(device), fake=device == "meta")
     scan, callback = traces["scan"], traces["callback"]
@@ -238,7 +241,7 @@ def test_a_storage_reported_while_it_lives_is_freed_when_it_goes(monkeypatch):
 
     traces = {}
     for mode in ("scan", "callback"):
-        monkeypatch.setattr(tp, "FREE_DETECTION", mode)
+        monkeypatch.setattr(recording, "FREE_DETECTION", mode)
         traces[mode] = tp.run_trace(torch, "meta", drive)
     assert [event[0] for event in traces["scan"].events].count("free") == 2  # x, then y
     assert traces["callback"].events == traces["scan"].events
@@ -278,29 +281,29 @@ def choice_trace() -> tp.Trace:
 
 
 def test_side_by_side_gives_each_result_in_order_forked_or_not(monkeypatch):
-    monkeypatch.setattr(tp, "usable_cpus", lambda: 2)
-    serial = tp.side_by_side(lambda base, n: (base, n * n), ("x",), range(7), forked=False)
+    monkeypatch.setattr(predicting, "usable_cpus", lambda: 2)
+    serial = predicting.side_by_side(lambda base, n: (base, n * n), ("x",), range(7), forked=False)
     assert serial == [("x", n * n) for n in range(7)]
-    assert tp.side_by_side(lambda base, n: (base, n * n), ("x",), range(7)) == serial
-    assert tp._SHARED == ()
+    assert predicting.side_by_side(lambda base, n: (base, n * n), ("x",), range(7)) == serial
+    assert predicting._SHARED == ()
 
 
 def test_predict_with_the_other_orders_replayed_in_workers_is_the_serial_prediction(
     monkeypatch,
 ):
     trace = choice_trace()
-    monkeypatch.setattr(tp, "FORKED_REPLAYS", 10**9)
+    monkeypatch.setattr(predicting, "FORKED_REPLAYS", 10**9)
     serial = tp.prediction_record(trace, tp.predict(trace), None)
     workers = []
-    original = tp.side_by_side
+    original = predicting.side_by_side
 
     def watched(function, arguments, items, forked=True):
         workers.append((forked, len(items)))
         return original(function, arguments, items, forked)
 
-    monkeypatch.setattr(tp, "FORKED_REPLAYS", 0)
-    monkeypatch.setattr(tp, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(tp, "side_by_side", watched)
+    monkeypatch.setattr(predicting, "FORKED_REPLAYS", 0)
+    monkeypatch.setattr(predicting, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(predicting, "side_by_side", watched)
     assert tp.prediction_record(trace, tp.predict(trace), None) == serial
     assert workers == [(True, len(tp.OTHER_ADDRESS_ORDERS))]  # a choice: every order replayed
 
@@ -385,7 +388,7 @@ def answered_and_plain(monkeypatch, name: str, device: str):
     answered = counted_calls(monkeypatch, "fake_view", "fake_holds_value", "fake_outputs")
     traces = {}
     for answering in (False, True):
-        monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", answering)
+        monkeypatch.setattr(recording, "KNOWN_CALLS_ANSWERED", answering)
         torch.manual_seed(0)
         traces[answering] = tp.run_trace(torch, device, WORKLOADS[name](device))
         if not answering:
@@ -491,9 +494,9 @@ def test_the_answers_are_given_on_the_devices_named_and_never_on_real_tensors(mo
     assert answers("meta")
     assert answers("cuda:0")
     assert not answers("cpu", fake=False)
-    monkeypatch.setattr(tp, "ANSWERED_ON", ("meta",))
+    monkeypatch.setattr(recording, "ANSWERED_ON", ("meta",))
     assert not answers("cuda:0")
-    monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", False)
+    monkeypatch.setattr(recording, "KNOWN_CALLS_ANSWERED", False)
     assert not answers("meta")
 
 
@@ -528,7 +531,7 @@ def test_torch_nn_modules_traced_for_the_h200_are_the_same_answered_or_not(monke
     made = counted_calls(monkeypatch, "fake_outputs")
     traces = {}
     for answering in (False, True):
-        monkeypatch.setattr(tp, "KNOWN_CALLS_ANSWERED", answering)
+        monkeypatch.setattr(recording, "KNOWN_CALLS_ANSWERED", answering)
         torch.manual_seed(0)
         drive = module_protocol(MODULES[name], "meta", torch.bfloat16, True)
         traces[answering] = tp.run_trace(torch, "meta", drive, target=attention_choice.H200)

@@ -1,6 +1,6 @@
 """How a calibration names an operator call without its sizes, and checks a call's sizes
 against the ones probed: the keys both the calibration's builder (gpu_calibration.py) and
-its reader (trace_prediction.Calibration) use. Standard library only; imports nothing of
+its reader (trace.calibration.Calibration) use. Standard library only; imports nothing of
 the pipeline, so that neither of those two needs the other for it.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 def is_tensor_leaf(leaf) -> bool:
-    """A described tensor argument (trace_prediction.describe): ("tensor", dtype, shape,
+    """A described tensor argument (trace.recorder.describe): ("tensor", dtype, shape,
     stride, offset, storage bytes, where)."""
     return isinstance(leaf, tuple) and bool(leaf) and leaf[0] == "tensor"
 

@@ -5,7 +5,7 @@ Each is here once, as a small function or a name re-exported as it is, with why 
 pipeline needs it; tests/test_torch_private.py holds each to the behaviour the pipeline
 relies on, on the PyTorch it runs. They were read against the versions in SUPPORTED
 (2.11.0+cu130 on the GPU machine, 2.13.0+cpu without one); `check_version` says when the
-PyTorch at hand is outside them, and the trace notes it (trace_prediction.Tracer).
+PyTorch at hand is outside them, and the trace notes it (trace.tracer.Tracer).
 
 Standard library at module level: torch is imported by the functions that need it, or
 taken as an argument, so that the stages that run without torch can import
@@ -427,7 +427,7 @@ def pack_padded_operator(torch):
 
 def local_scalar_operator(torch):
     """_local_scalar_dense: a tensor's value read back to Python (`bool(t)`, `.item()`),
-    which fake tensors refuse; the trace answers a value check with it (trace_prediction)."""
+    which fake tensors refuse; the trace answers a value check with it (trace.recorder)."""
     return torch.ops.aten._local_scalar_dense.default
 
 

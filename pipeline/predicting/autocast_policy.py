@@ -80,7 +80,7 @@ NOTE = "autocast (CUDA mixed precision)"
 # Whether a GPU's measurements of mixed-precision steps have been held against predictions
 # made with this emulation (they have: the evidence page says where). While False, a trace
 # that entered a CUDA autocast region says so in a note that withholds "exact" and the
-# bounds (trace_prediction.boundable); a change to the emulation that no GPU has seen
+# bounds (trace.bounds.boundable); a change to the emulation that no GPU has seen
 # should set it back to False.
 CHECKED_ON_A_GPU = True
 UNCHECKED_WHY = (

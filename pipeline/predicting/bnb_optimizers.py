@@ -34,7 +34,7 @@ sees; it is refused before any trace (hf_model.trainer_optimizer_class).
 (`torch.optim.optimizer.register_optimizer_step_pre_hook`, run for every optimizer whose
 class derives from torch.optim.Optimizer, as bitsandbytes' do): a step of a bitsandbytes
 optimizer adds NOTE to the trace's notes while CHECKED_ON_A_GPU is False, which withholds
-"exact" and the bounds (trace_prediction.boundable). Nothing of bitsandbytes is imported.
+"exact" and the bounds (trace.bounds.boundable). Nothing of bitsandbytes is imported.
 
 Standard library only (torch is passed in).
 """

@@ -330,7 +330,7 @@ def workspace_growth(mode, input_size, hidden, layers, directions, tokens, batch
 
 def scratch_bound(arguments: dict) -> int | None:
     """The most a recorded _cudnn_rnn or _cudnn_rnn_backward call allocates besides its
-    outputs, from its arguments (tensors as trace_prediction.describe gives them): the
+    outputs, from its arguments (tensors as trace.recorder.describe gives them): the
     workspace's bound (the module's docstring) and the copies the call makes for itself (its
     input and output made contiguous, zeros for the state gradients autograd did not give).
     None: not a call this bound speaks for."""

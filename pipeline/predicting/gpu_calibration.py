@@ -68,7 +68,7 @@ GENERALISED = frozenset(
 SHAPE_RULE_MIN = 3
 # Reductions and scans switch scratch on at sizes inside any box of probed ones (a reduction
 # splits one output's inputs across thread blocks past a size that depends on the others):
-# never by shape. trace_prediction.reduction_without_scratch covers those PyTorch's source
+# never by shape. trace.operators.reduction_without_scratch covers those PyTorch's source
 # settles.
 NOT_BY_SHAPE = frozenset(
     f"aten.{name}"

@@ -125,7 +125,7 @@ def safe_softmax(leaves: list) -> list[int] | None:
     memory over fewer than 8,192 contiguous trailing inputs (reduce_scratch's reading of the
     reduce kernel), so none is counted there; a longer row, an empty one, or a mask of 2**31
     bytes or more (where the reduction splits its iterator and may take a buffer, as
-    trace_prediction.reduction_without_scratch says) is not spoken for."""
+    trace.operators.reduction_without_scratch says) is not spoken for."""
     tensor, dim = leaves[0], leaves[1]
     if not call_keys.is_tensor_leaf(tensor) or tensor[1] not in ELEMENT_BYTES:
         return None

@@ -39,7 +39,7 @@ Nothing is installed where bitsandbytes is not imported already (a workload that
 bits imports it before its trace). The quantisation on meta only in a trace whose device is
 meta; the rest in every trace.
 A trace that quantised a weight notes NOTE while CHECKED_ON_A_GPU is False, which withholds
-"exact" and the bounds (trace_prediction.boundable).
+"exact" and the bounds (trace.bounds.boundable).
 
 Standard library, torch_private and from_pretrained's `replace` only (torch is passed in).
 """

@@ -584,7 +584,7 @@ def reduction_template(*call, **options) -> list[dict] | None:
 
 def template_of_call(name: str, arguments: dict, device: Device = H200) -> list[dict] | None:
     """`reduction_template` for a traced call: `name` the operator (signature.name) and
-    `arguments` its arguments by name as `trace_prediction.call_arguments` gives them (a
+    `arguments` its arguments by name as `trace.operators.call_arguments` gives them (a
     tensor as ("tensor", dtype, shape, stride, offset, nbytes, where), a dtype as
     ("dtype", name)). None for another operator, or a tensor not on the traced device."""
     if name not in OPERATORS:

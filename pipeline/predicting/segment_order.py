@@ -1,6 +1,6 @@
 """The order of the CUDA driver's addresses for the caching allocator's segments, from their
 sizes alone: among free blocks of one size the allocator takes the lowest address, so the
-replay needs that order (trace_prediction.RankedSegments), and the driver does not say it.
+replay needs that order (trace.replay.RankedSegments), and the driver does not say it.
 
 The model (runs/20261204T121000Z-h200-segment-addresses, H200, driver 580.159.04):
 
@@ -19,7 +19,7 @@ place 2 MiB blocks of their own between the segments, and its first span's top m
 them (start=None) `ranks` says None: the replay keeps its other orders and says
 "approximate", as before.
 
-Not the central replay of trace_prediction.predict either (tried on the 21 measurement
+Not the central replay of trace.prediction.predict either (tried on the 21 measurement
 processes of runs/20261204T174000Z-hf-zoo-blind-rules with segments): with no holes at the
 start, it orders fewer segment pairs of one pool wrongly than the plain order in 18 of them,
 and of the 14 points there whose counters depend on the order, replayed under it rather than
@@ -36,7 +36,7 @@ bfloat16 at 2 x 512 and 4 x 256 (131,072 bytes), Qwen2.5-0.5B training at 1 x 1,
 (2,721,792 bytes; for these two the driver's own order gives 0) and ViT-base training in
 bfloat16 at batch 8 (1,347,584 bytes). Regions packed from the bottom up as well (tried on
 14 of them) leave the Qwen point wrong. The driver puts some segments where no such start
-does (a 20 MiB one right above the first), so the random orders of trace_prediction's
+does (a 20 MiB one right above the first), so the random orders of trace.prediction's
 `address_order_spread` stay.
 """
 
