@@ -57,7 +57,7 @@ OUTLIERS_WHY = (
 )
 # Whether a GPU's measurements of models loaded in 8 bits have been held against predictions
 # traced this way. While False, a trace that runs an 8-bit kernel notes NOTE, which withholds
-# the bounds (trace_prediction.boundable): the central figure follows the source, nothing
+# the bounds (trace.bounds.boundable): the central figure follows the source, nothing
 # more is claimed.
 CHECKED_ON_A_GPU = False
 NOTE = "8-bit weights (bitsandbytes)"
@@ -237,7 +237,7 @@ def product_blocks(A, CB) -> tuple[int, ...]:
     )
 
 
-def install(torch, recorder, notes: dict, on_meta: bool):
+def install(torch, recorder, notes: dict):
     """The steps above, for the trace's time; returns the undo."""
     modules = sys.modules.get("bitsandbytes.nn.modules")
     kernels = read_kernels(torch) if modules is not None else None

@@ -141,7 +141,7 @@ class Tracer:
             quantized_load.install(self.torch, self.recorder, self.trace.notes, on_meta)
         )
         self._undo.append(bnb_kernels.install(self.torch, self._gpu_props()))
-        self._undo.append(bnb_int8.install(self.torch, self.recorder, self.trace.notes, on_meta))
+        self._undo.append(bnb_int8.install(self.torch, self.recorder, self.trace.notes))
 
     def __exit__(self, *exc) -> None:
         """Modes left and torch's functions restored, in reverse order, whatever happened."""
