@@ -137,6 +137,25 @@ def formula_rules(found: dict) -> tuple[dict, list]:
     return accepted, missed
 
 
+def shape_rules(rules: dict) -> dict:
+    """The rules whose probes all allocated the same blocks, at SHAPE_RULE_MIN shapes or more:
+    their template, their domain, how many shapes."""
+    found_rules = {}
+    for key, found in sorted(rules.items()):
+        if len(found) != 1:
+            continue
+        ((text, probed),) = found.items()
+        shapes = list(probed.values())
+        if len(shapes) < SHAPE_RULE_MIN:
+            continue
+        found_rules[key] = {
+            "template": json.loads(text),
+            "domain": domain(shapes),
+            "shapes": len(shapes),
+        }
+    return found_rules
+
+
 def build(documents: list[dict]) -> dict:
     """The calibration file's content from probe documents (one per traced workload)."""
     signatures: dict = {}
@@ -195,26 +214,13 @@ def build(documents: list[dict]) -> dict:
         if len(found) == 1 and len(next(iter(found.values()))) >= 2
     }
     varies = sorted(key for key, found in forms.items() if len(found) > 1)
-    shape_rules = {}
-    for key, found in sorted(rules.items()):
-        if len(found) != 1:
-            continue
-        ((text, probed),) = found.items()
-        shapes = list(probed.values())
-        if len(shapes) < SHAPE_RULE_MIN:
-            continue
-        shape_rules[key] = {
-            "template": json.loads(text),
-            "domain": domain(shapes),
-            "shapes": len(shapes),
-        }
     by_formula, formula_missed = formula_rules(formulas)
     return {
         "schema": SCHEMA,
         "workspaces_per_thread": per_thread.pop() if len(per_thread) == 1 else None,
         "patterns": patterns,
         "patterns_not_shared": varies,
-        "shape_rules": shape_rules,
+        "shape_rules": shape_rules(rules),
         "shape_rules_not_shared": sorted(key for key, found in rules.items() if len(found) > 1),
         "formula_rules": by_formula,
         "formula_rules_missed": formula_missed,
