@@ -36,10 +36,8 @@ from pipeline.core.call_keys import is_tensor_leaf
 from pipeline.predicting import reduce_scratch
 
 # Whether the templates below are claimed (an exact prediction may rest on them) or give
-# the central figure only, the calls staying uncovered and bounded. Claimed: on the H200
-# (torch 2.11.0+cu130) the three exact claims made with them before measurement held to the
-# byte, and 7 of the 8 points measured were equal to the byte
-# (runs/20261205T235100Z-cells-blind).
+# the central figure only, the calls staying uncovered and bounded. Claimed since the exact
+# claims made with them before a measurement on the H200 held (the evidence page says where).
 CLAIMED = True
 UNMEASURED = (
     "its blocks are read from PyTorch's RNN.cu (fused_cells.py) and give the central figure, "

@@ -9,8 +9,7 @@ of mse_loss and smooth_l1_loss, aten/src/ATen/native/Loss.cpp; `resize_as_` of t
 value in binary_cross_entropy's CPU and CUDA kernels and in soft_margin_loss), and a tensor
 resized down keeps its storage. The fake tensors' kernels return a fresh scalar of 4 or 8
 bytes instead. The loss lives to the end of the step (backward reads it), so the trace missed
-the input's bytes for that long: a float64 `mse_loss` on an H100 kept 409,600 bytes where
-the trace had 8 (runs/20261206T050000Z-rnn-float64-projected-blind).
+the input's bytes for that long (an input-sized block where the trace had one of 8 bytes).
 
 The trace gives these four operators a fake kernel of its own that makes the GPU's block:
 the input's shape (broadcast with the target's for mse_loss and smooth_l1_loss, which

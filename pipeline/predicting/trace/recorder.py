@@ -56,8 +56,7 @@ class OperatorFacts:
 KNOWN_CALLS_ANSWERED = True
 # The devices whose fake tensors get those answers: the meta device's (the GPU-free estimate)
 # and a GPU's (the trace beside a measurement), where test_trace_speed.py's GPU test makes the
-# same comparison (it passed on an H100, and the 8B decoder's measurement predicted the same
-# bytes with the answers and without: runs/20261205T230100Z-h100-gpu-tests-answers/).
+# same comparison on a GPU (the evidence page gives its runs).
 ANSWERED_ON = ("meta", "cuda")
 
 # How the recorder learns that a storage's last reference went: "callback", a weak reference

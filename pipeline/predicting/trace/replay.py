@@ -99,9 +99,9 @@ class IndexedAllocator(allocator_model.AllocatorModel):
 class DriverOrder(IndexedAllocator):
     """The central replay: each new segment where segment_order's model of the driver puts
     it, from a start with no holes. Not exact for a measurement process, but closer than
-    the plain order: of the 14 points of runs/20261204T174000Z-hf-zoo-blind-rules whose
-    counters depend on the order, 8 replay to the byte under it, 3 under the plain order,
-    which stays among the other orders (`address_order_spread`)."""
+    the plain order on the measured points whose counters depend on the order (the
+    evidence page says how many); the plain order stays among the other orders
+    (`address_order_spread`)."""
 
     def __init__(self) -> None:
         super().__init__()
