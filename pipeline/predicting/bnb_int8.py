@@ -24,15 +24,15 @@ backends/cuda/ops.py, backends/default/ops.py) and transformers 5.23
   weight columns dequantised for the call. How many there are is set by the activations'
   values, which a trace does not have. The central figure takes none (the lab's models are
   loaded from a checkpoint of zeros, whose activations have none); the most replay takes
-  every column an outlier (`OUTLIERS`, noted: never exact; bounds kept): the blocks of
-  that path (`outlier_blocks`), alive through the call, the 16-bit input columns as long as
-  the product keeps them (for backward in training) and their indices as long as the layer
-  keeps them (`state.idx`, until its next call).
+  every column an outlier (`OUTLIERS`, noted: never exact; boundable): the blocks of that
+  path (`search_blocks`, `product_blocks`), alive through the call, the 16-bit input columns
+  as long as the product keeps them (for backward in training) and their indices as long as
+  the layer keeps them (`state.idx`, until its next call).
 
 A trace that runs an 8-bit kernel notes NOTE while CHECKED_ON_A_GPU is False, which withholds
-the bounds. Nothing is installed where bitsandbytes is not imported, or where its source does
-not hold what is read here (another version): a trace that reaches these kernels then fails on their
-fake kernels and says "not predicted".
+the bounds. Nothing is installed where bitsandbytes is not imported, or where its source
+does not hold what is read here (another version): a trace that reaches these kernels then
+fails on their fake kernels and says "not predicted".
 
 Standard library, torch_private and from_pretrained's `replace` only (torch is passed in).
 """
