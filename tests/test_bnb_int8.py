@@ -176,19 +176,6 @@ def test_an_8bit_estimate_says_nothing_of_bitsandbytes_float16_cast(config):
     assert "MatMul8bitLt" not in result.stderr
 
 
-def within(bounds: dict, measured: dict) -> list:
-    """The peaks of the measurement outside the estimate's bounds, by phase and counter."""
-    rows = {(row["phase"], row.get("repetition")): row for row in measured["phases"]}
-    return [
-        (row["phase"], key, bound, rows[row["phase"], row.get("repetition")][key])
-        for row in bounds["phases"]
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes")
-        if not (bound := row[key])["lower"]
-        <= rows[row["phase"], row.get("repetition")][key]
-        <= bound["upper"]
-    ]
-
-
 def bounded_estimate(capsys, monkeypatch, *options: str) -> dict:
     """The GPU-free estimate's prediction (the H200's calibration) with its bounds, as it
     will say them once checked on a GPU: what these GPU tests check."""
@@ -206,26 +193,17 @@ def test_an_8bit_model_measured_on_a_gpu_is_within_the_estimates_bounds(
 ):
     """Measured with the trace beside the GPU (honest), and the GPU-free estimate's bounds
     hold on every peak of every phase."""
-    from conftest import run_script
-    from test_gpu_own_model import honest
-
-    from pipeline.artefacts import validate
+    from test_gpu_own_model import honest, measured, outside_bounds
 
     options = ["--hf-config", str(config), "--task", task, "--dtype", "bfloat16",
                "--batch", "2", "--dim", "sequence=64", "--load-in-8bit"]  # fmt: skip
     prediction = bounded_estimate(capsys, monkeypatch, *options)
-    output = tmp_path / "m.json"
-    result = run_script(
-        "own_model.py", "measure", *options, "--device", "cuda:0", "--output", str(output)
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    document = json.loads(output.read_text())
-    assert validate.validate_document(document, validate.load_registry()) == []
+    document, _ = measured(tmp_path, *options)
     assert document["status"] == "completed"
     assert document["workload"]["recipe"] == EIGHT
     assert "int8" in document["workload"]["parameters"]["by_dtype"]
     honest(document)
-    assert within(prediction["bounds"], document) == []
+    assert outside_bounds(prediction["bounds"], document) == []
 
 
 OUTLIERS_WORKLOAD = """
@@ -258,25 +236,16 @@ def test_a_model_whose_activations_have_outliers_stays_within_the_upper_bound(
     """Norms of 10 make most input columns of the attention and MLP products outliers: the
     GPU takes LLM.int8's outlier path, which the central figure leaves out (the measured peak
     lies above it) and the upper bound holds."""
-    from conftest import run_script
+    from test_from_pretrained import saved_llama
+    from test_gpu_own_model import measured, outside_bounds
 
-    settings = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
-        num_attention_heads=16, num_key_value_heads=4,
-    )  # fmt: skip
-    transformers.logging.disable_progress_bar()
-    transformers.LlamaForCausalLM(settings).save_pretrained(tmp_path / "model")
+    saved_llama(tmp_path / "model", 1024, 4096, heads=16, kv_heads=4)
     path = tmp_path / "user.py"
     path.write_text(OUTLIERS_WORKLOAD.format(folder=str(tmp_path / "model")))
     options = ["--workload", f"{path}:infer", "--batch", "2", "--dtype", "bfloat16"]
     prediction = bounded_estimate(capsys, monkeypatch, *options)
-    output = tmp_path / "m.json"
-    result = run_script(
-        "own_model.py", "measure", *options, "--device", "cuda:0", "--output", str(output)
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    document = json.loads(output.read_text())
+    document, _ = measured(tmp_path, *options)
     cold = next(r for r in document["phases"] if r["phase"] == "cold_step")
     central = next(r for r in prediction["phases"] if r["phase"] == "cold_step")
     assert cold["peak_allocated_bytes"] > central["peak_allocated_bytes"]  # outliers taken
-    assert within(prediction["bounds"], document) == []
+    assert outside_bounds(prediction["bounds"], document) == []

@@ -42,16 +42,24 @@ def infer(config, *, sequence=16):
 def saved(tmp_path_factory):
     """A small Llama saved by save_pretrained (safetensors), and a workload file loading it."""
     folder = tmp_path_factory.mktemp("tiny-llama")
-    settings = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
-    transformers.logging.disable_progress_bar()
-    transformers.LlamaForCausalLM(settings).save_pretrained(folder / "model")
-    transformers.logging.enable_progress_bar()
+    saved_llama(folder / "model", hidden_size=64, intermediate_size=128)
     path = folder / "user.py"
     path.write_text(written(folder, ", device_map=config.device", ""))
     return folder, path
+
+
+def saved_llama(
+    folder, hidden_size: int, intermediate_size: int, heads: int = 4, kv_heads: int = 2
+):
+    """A small Llama (2 layers, 512 tokens) saved by save_pretrained (safetensors) in
+    `folder`, as a user's checkpoint."""
+    settings = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
+    )  # fmt: skip
+    transformers.logging.disable_progress_bar()
+    transformers.LlamaForCausalLM(settings).save_pretrained(folder)
+    transformers.logging.enable_progress_bar()
 
 
 def written(folder, placed: str, moved: str) -> str:
@@ -64,12 +72,11 @@ def held_blocks(model) -> int:
     return sum(allocator_model.block_bytes(n) for n in storages.values() if n)
 
 
-def test_a_users_from_pretrained_holds_the_weights_the_real_load_holds(saved):
-    """In a fresh process, as a user runs it: transformers imports its loader lazily, at the
-    first from_pretrained, inside the trace."""
+def estimated_beside_a_real_load(folder, path) -> tuple[dict, int, int]:
+    """The file's estimate in a fresh process (--gpu h200), its model_load's allocated
+    bytes, and the blocks the same checkpoint holds loaded for real on the CPU."""
     from conftest import run_script
 
-    folder, path = saved
     result = run_script(
         "own_model.py", "estimate", "--workload", f"{path}:infer", "--batch", "2",
         "--dtype", "bfloat16", "--gpu", "h200", "--json",
@@ -80,7 +87,16 @@ def test_a_users_from_pretrained_holds_the_weights_the_real_load_holds(saved):
     real = transformers.AutoModelForCausalLM.from_pretrained(
         folder / "model", dtype=torch.bfloat16, device_map="cpu"
     )
-    assert load["allocated_bytes"] == held_blocks(real)
+    return document, load["allocated_bytes"], held_blocks(real)
+
+
+def test_a_users_from_pretrained_holds_the_weights_the_real_load_holds(saved):
+    """In a fresh process, as a user runs it: transformers imports its loader lazily, at the
+    first from_pretrained, inside the trace."""
+
+    folder, path = saved
+    document, load, real = estimated_beside_a_real_load(folder, path)
+    assert load == real
     unknown = {u["op"] for u in document["prediction"]["unknown"]}
     assert from_pretrained.LOAD_THREADS in unknown  # never exact: the threads' order
     assert not any("outside the dispatcher" in u for u in unknown), unknown
@@ -91,22 +107,12 @@ def test_a_model_loaded_on_the_host_and_moved_is_not_the_loaders_threads(saved, 
     """from_pretrained onto the host, then `.to(config.device)`: the loader's threads copy
     to the host, which asks nothing of the GPU (no LOAD_THREADS note); the device holds the
     same blocks."""
-    from conftest import run_script
 
     folder, _ = saved
     path = tmp_path / "moved.py"
     path.write_text(written(folder, "", ".to(config.device)"))
-    result = run_script(
-        "own_model.py", "estimate", "--workload", f"{path}:infer", "--batch", "2",
-        "--dtype", "bfloat16", "--gpu", "h200", "--json",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    document = json.loads(result.stdout)
-    load = next(r for r in document["prediction"]["phases"] if r["phase"] == "model_load")
-    real = transformers.AutoModelForCausalLM.from_pretrained(
-        folder / "model", dtype=torch.bfloat16, device_map="cpu"
-    )
-    assert load["allocated_bytes"] == held_blocks(real)
+    document, load, real = estimated_beside_a_real_load(folder, path)
+    assert load == real
     unknown = {u["op"] for u in document["prediction"]["unknown"]}
     assert from_pretrained.LOAD_THREADS not in unknown
 
@@ -117,32 +123,17 @@ def test_a_users_from_pretrained_measured_on_a_gpu_is_what_the_trace_said(saved,
     the byte, the measurement's own prediction (traced beside the GPU) is honest, and the
     estimate's bounds hold on every peak of every phase."""
     from conftest import run_script
-    from test_gpu_own_model import honest
-
-    from pipeline.artefacts import validate
+    from test_gpu_own_model import honest, measured, outside_bounds
 
     _, path = saved
     options = ["--workload", f"{path}:infer", "--batch", "2", "--dtype", "bfloat16"]
     estimated = run_script("own_model.py", "estimate", *options, "--gpu", "h200", "--json")
     assert estimated.returncode == 0, estimated.stderr[-2000:]
     prediction = json.loads(estimated.stdout)["prediction"]
-    output = tmp_path / "m.json"
-    result = run_script(
-        "own_model.py", "measure", *options, "--device", "cuda:0", "--output", str(output)
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    document = json.loads(output.read_text())
-    assert validate.validate_document(document, validate.load_registry()) == []
+    document, _ = measured(tmp_path, *options)
     honest(document)
-
-    def key(row):
-        return row["phase"], row.get("repetition")
-
-    measured = {key(row): row for row in document["phases"]}
-    assert measured["model_load", None]["allocated_bytes"] == next(
+    load = next(r for r in document["phases"] if r["phase"] == "model_load")
+    assert load["allocated_bytes"] == next(
         r["allocated_bytes"] for r in prediction["phases"] if r["phase"] == "model_load"
     )
-    for row in prediction["bounds"]["phases"]:
-        for name in ("peak_allocated_bytes", "peak_reserved_bytes"):
-            bound = row[name]
-            assert bound["lower"] <= measured[key(row)][name] <= bound["upper"], (row, name)
+    assert outside_bounds(prediction["bounds"], document) == []

@@ -31,15 +31,33 @@ def block(nbytes: int) -> int:
 
 
 def measure(tmp_path, spec: str, *argv: str, expect: int = 0, name: str = "m.json"):
+    return measured(tmp_path, "--workload", spec, *argv, expect=expect, name=name)
+
+
+def measured(tmp_path, *options: str, expect: int = 0, name: str = "m.json"):
+    """own_model.py measure on cuda:0 in a fresh process: (document, the process), the
+    document valid."""
     output = tmp_path / name
     result = run_script(
-        "own_model.py", "measure", "--workload", spec, "--device", "cuda:0",
-        "--output", str(output), *argv,
-    )  # fmt: skip
+        "own_model.py", "measure", *options, "--device", "cuda:0", "--output", str(output)
+    )
     assert result.returncode == expect, result.stderr
     document = json.loads(output.read_text())
     assert validate.validate_document(document, REGISTRY) == []
     return document, result
+
+
+def outside_bounds(bounds: dict, document: dict) -> list:
+    """The measured peaks outside an estimate's bounds: (phase, counter, bound, measured)."""
+    rows = {(row["phase"], row.get("repetition")): row for row in document["phases"]}
+    return [
+        (row["phase"], key, bound, rows[row["phase"], row.get("repetition")][key])
+        for row in bounds["phases"]
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes")
+        if not (bound := row[key])["lower"]
+        <= rows[row["phase"], row.get("repetition")][key]
+        <= bound["upper"]
+    ]
 
 
 def honest(document: dict) -> None:

@@ -9,9 +9,10 @@ import json
 
 import pytest
 from conftest import run_script
+from test_from_pretrained import saved_llama
 
 pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 pytest.importorskip("bitsandbytes")
 
 WORKLOAD = """{first}import torch
@@ -40,13 +41,7 @@ QUANTIZATIONS = {
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-llama")
-    settings = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
-    transformers.logging.disable_progress_bar()
-    transformers.LlamaForCausalLM(settings).save_pretrained(folder / "model")
-    transformers.logging.enable_progress_bar()
+    saved_llama(folder / "model", hidden_size=128, intermediate_size=256)
     return folder
 
 

@@ -779,18 +779,12 @@ def workload_of(args, workload: tuple[Path, str] | None) -> tuple[WorkloadFile, 
         use_double_quant=getattr(args, "bnb_4bit_use_double_quant", None),
         compute_dtype=getattr(args, "bnb_4bit_compute_dtype", None),
     )
-    eight = getattr(args, "load_in_8bit", False)
-    if eight and four_bit.get("prequantized"):
-        raise cli.UsageError(
-            "--load-in-8bit: the config's quantization_config says how its checkpoint is "
-            "quantized (bitsandbytes, 4 bits): the model is loaded as it says"
-        )
     recipe = hf_model.Recipe(
         optim=getattr(args, "optim", None),
         gradient_accumulation_steps=getattr(args, "gradient_accumulation_steps", 1),
         bf16=getattr(args, "bf16", False),
         fp16=getattr(args, "fp16", False),
-        load_in_8bit=eight,
+        load_in_8bit=getattr(args, "load_in_8bit", False),
         **four_bit,
     )
     file, named = hf_model.workload_file(

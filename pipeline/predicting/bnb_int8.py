@@ -40,10 +40,12 @@ Standard library, torch_private and from_pretrained's `replace` only (torch is p
 from __future__ import annotations
 
 import ast
+import collections.abc
 import functools
 import importlib.util
 import math
 import sys
+import typing
 from pathlib import Path
 
 from pipeline.core import torch_private
@@ -127,8 +129,8 @@ def _compile(torch, path: Path, backend: str) -> dict | None:
     namespace = {
         "torch": torch,
         "prod": math.prod,
-        "Optional": __import__("typing").Optional,
-        "Sequence": __import__("collections.abc").abc.Sequence,
+        "Optional": typing.Optional,
+        "Sequence": collections.abc.Sequence,
         "_outliers_found": _outliers_found,
     }
     module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
@@ -246,7 +248,11 @@ def install(torch, recorder, notes: dict):
     _NOTES.append(notes)
     undo = [_NOTES.pop]
     undo.append(replace(modules.Int8Params, "to", _quantised_on_the_device(torch, modules)))
-    by_overload = {getattr(torch.ops.bitsandbytes, name).default: name for name in kernels}
+    # the operator packet (`torch.ops.bitsandbytes.NAME(...)`) and its overload, as called
+    by_overload = {}
+    for name in kernels:
+        packet = getattr(torch.ops.bitsandbytes, name)
+        by_overload[packet] = by_overload[packet.default] = name
 
     class CudaKernels(torch.overrides.TorchFunctionMode):
         """An int8 call on the traced device runs as the CUDA dispatch runs it, as its
@@ -254,8 +260,7 @@ def install(torch, recorder, notes: dict):
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            overload = getattr(func, "default", func)
-            name = by_overload.get(overload)
+            name = by_overload.get(func)  # every torch call of the trace asks: one lookup
             if name is None or not _on_device(args):
                 return func(*args, **kwargs)
             if not CHECKED_ON_A_GPU:

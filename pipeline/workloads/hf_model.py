@@ -169,30 +169,27 @@ def check_recipe(recipe: Recipe, task: str) -> None:
     if trainer and task not in TRAINED:
         options = ", ".join("--" + name.replace("_", "-") for name in trainer)
         raise cli.UsageError(f"{options}: a Trainer's options, for --task training, lora or qlora")
-    if recipe.load_in_8bit:
-        if recipe.load_in_4bit:
-            raise cli.UsageError(
-                "--load-in-8bit with "
-                + ("--task qlora" if task == "qlora" else "--load-in-4bit")
-                + ": the weights are loaded in 8 or in 4 bits, not both"
-            )
-        if task == "training":
-            raise cli.UsageError(
-                "--load-in-8bit with --task training: 8-bit weights cannot be trained (the "
-                "Trainer refuses a purely quantized model); --task lora trains LoRA adapters "
-                "over them"
-            )
+    if recipe.load_in_8bit and recipe.load_in_4bit:
+        raise cli.UsageError(
+            "--load-in-8bit: the config's quantization_config says how its checkpoint is "
+            "quantized (bitsandbytes, 4 bits): the model is loaded as it says"
+            if recipe.prequantized
+            else "--load-in-8bit with "
+            + ("--task qlora" if task == "qlora" else "--load-in-4bit")
+            + ": the weights are loaded in 8 or in 4 bits, not both"
+        )
     if recipe.load_in_4bit or recipe.load_in_8bit:
-        if task == "training" and recipe.load_in_4bit:
+        if task == "training":
+            bits, adapted = (4, "qlora") if recipe.load_in_4bit else (8, "lora")
+            said = (
+                "a 4-bit checkpoint (its config's quantization_config)"
+                if recipe.prequantized
+                else f"--load-in-{bits}bit"
+            )
             raise cli.UsageError(
-                (
-                    "a 4-bit checkpoint (its config's quantization_config)"
-                    if recipe.prequantized
-                    else "--load-in-4bit"
-                )
-                + " with --task training: 4-bit weights cannot be trained (the "
-                "Trainer refuses a purely quantized model); --task qlora trains LoRA adapters "
-                "over them"
+                f"{said} with --task training: {bits}-bit weights cannot be trained (the "
+                f"Trainer refuses a purely quantized model); --task {adapted} trains LoRA "
+                "adapters over them"
             )
         if importlib.util.find_spec("bitsandbytes") is None:
             raise cli.UsageError(
